@@ -1,0 +1,5 @@
+import sys
+
+from swarmlm.cli import main
+
+sys.exit(main())

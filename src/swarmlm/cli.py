@@ -1,0 +1,90 @@
+"""The ``swarmlm`` command line.
+
+Each command is a config model plus a function that takes the validated config. Options come from
+the model's fields (``--rounds 20``, ``--grpo.beta 0.04``) or a YAML file (``--config run.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from swarmlm.config import ConfigError, add_config_arguments, config_from_args
+
+
+@dataclass(frozen=True)
+class Command:
+    path: tuple[str, ...]  # e.g. ("sapo", "simulate")
+    config: str  # "module:Class" of the pydantic config
+    run: str  # "module:function" taking the config
+    help: str
+
+
+COMMANDS: list[Command] = [
+    Command(("warmstart",), "swarmlm.warmstart:WarmstartConfig", "swarmlm.commands:warmstart_command",
+            "teach a built-in preset the answer format (cached; run on demand by the SAPO commands)"),
+    Command(("sapo", "simulate"), "swarmlm.sapo.config:SimulateConfig", "swarmlm.sapo.commands:simulate_command",
+            "run N SAPO nodes on this machine (in-process or torch.distributed)"),
+    Command(("models",), "swarmlm.commands:ModelsConfig", "swarmlm.commands:models_command",
+            "list the built-in model presets"),
+]
+
+
+def _load(target: str) -> Any:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmlm", description="Decentralized LM training: SAPO and NoLoCo.")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    groups: dict[tuple[str, ...], Any] = {(): parser.add_subparsers(dest="command", metavar="COMMAND", required=True)}
+    parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
+    for cmd in COMMANDS:
+        for depth in range(1, len(cmd.path)):
+            prefix = cmd.path[:depth]
+            if prefix not in parsers:
+                parsers[prefix] = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                groups[prefix] = parsers[prefix].add_subparsers(dest="_".join(prefix), metavar="COMMAND", required=True)
+        sub = groups[cmd.path[:-1]].add_parser(cmd.path[-1], help=cmd.help, description=cmd.help,
+                                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_config_arguments(sub, _load(cmd.config))
+        sub.set_defaults(_command=cmd)
+    return parser
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    cmd: Command = args._command
+    try:
+        config = config_from_args(_load(cmd.config), args)
+        result = _load(cmd.run)(config)
+    except ConfigError as err:
+        print(f"swarmlm {' '.join(cmd.path)}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if isinstance(result, int):
+        return result
+    return 0
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""SAPO: swarm sampling policy optimisation (decentralized RL post-training)."""

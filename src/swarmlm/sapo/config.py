@@ -1,0 +1,80 @@
+"""Every option of a SAPO node and of the commands that run nodes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from swarmlm.config import StrictModel
+from swarmlm.sapo.records import RecordLimits
+from swarmlm.sapo.selection import SelectionPolicy
+from swarmlm.tasks import TaskConfig
+
+
+class ModelSection(StrictModel):
+    name: str = Field("tiny-qwen2", description="preset name, local directory, .gguf file or Hugging Face hub id")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
+    warmstart: Literal["auto", "always", "never"] = Field(
+        "auto", description="supervised format warm start before RL; auto = for built-in presets only")
+    warmstart_steps: int = Field(300, ge=0, description="optimizer steps of the warm start")
+
+
+class GenerationSection(StrictModel):
+    group_size: int = Field(8, ge=2, description="completions per question (L)")
+    max_new_tokens: int = Field(32, ge=1, description="longest completion, in tokens")
+    temperature: float = Field(1.0, gt=0)
+    max_prompt_tokens: int = Field(512, ge=8)
+    max_batch: int = Field(64, ge=1, description="most sequences generated at once")
+    prompt_style: Literal["auto", "plain", "chat"] = Field("auto", description="chat = the tokenizer's chat template")
+
+
+class GRPOSection(StrictModel):
+    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 2e-4 for presets, 1e-6 otherwise")
+    eps_low: float = Field(0.2, ge=0, lt=1)
+    eps_high: float = Field(0.28, ge=0)
+    beta: float = Field(0.0, ge=0, description="KL weight; > 0 creates a frozen reference model")
+    ppo_epochs: int = Field(1, ge=1, description="passes over the round's samples")
+    num_minibatches: int = Field(1, ge=1, description="optimizer steps per pass")
+    micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (memory only)")
+    max_grad_norm: float = Field(1.0, gt=0)
+    external_weight: Literal["none", "truncated"] = Field(
+        "none", description="importance weight for external completions (none = the reference behaviour)")
+
+
+class SharingSection(StrictModel):
+    selection: SelectionPolicy = Field("uniform", description="how J external groups are chosen")
+    collect_timeout: float = Field(30.0, ge=0, description="seconds to wait for other nodes' records")
+    limits: RecordLimits = Field(default_factory=RecordLimits)
+
+
+class SAPOConfig(StrictModel):
+    """One SAPO node's settings."""
+
+    local: int = Field(4, ge=1, description="I: groups from the node's own questions per round")
+    external: int = Field(4, ge=0, description="J: groups taken from other nodes per round")
+    rounds: int = Field(40, ge=1, description="rounds to train")
+    seed: int = Field(0, ge=0, description="base seed; node k uses its own stream derived from it")
+    eval_every: int = Field(10, ge=0, description="held-out pass@1 every E rounds (0 = only at the end)")
+    checkpoint_every: int = Field(10, ge=1, description="checkpoint every C rounds (and at the end and on Ctrl+C)")
+    out: str = Field("runs/sapo", description="output directory")
+    model: ModelSection = Field(default_factory=ModelSection)
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+    sharing: SharingSection = Field(default_factory=SharingSection)
+    tasks: TaskConfig = Field(default_factory=TaskConfig)
+
+
+class SimulateConfig(SAPOConfig):
+    """``swarmlm sapo simulate``: N nodes on this machine."""
+
+    nodes: int = Field(4, ge=1, description="number of nodes")
+    transport: Literal["in_process", "torch"] = Field(
+        "in_process", description="in_process = all nodes in this process; torch = one process per node over torch.distributed")
+
+    @model_validator(mode="after")
+    def _sharing_needs_peers(self) -> "SimulateConfig":
+        if self.external > 0 and self.nodes < 2:
+            raise ValueError("external > 0 needs at least 2 nodes (set external: 0 for a lone node)")
+        return self

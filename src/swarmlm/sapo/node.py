@@ -1,0 +1,323 @@
+"""A SAPO node: its own policy, task stream and verifier, and one round of SAPO (SPEC A.2).
+
+A round has two halves so that a driver can interleave many nodes:
+
+* :meth:`SAPONode.play` samples I questions, generates L completions each, scores them with the
+  node's verifier and publishes the records;
+* :meth:`SAPONode.learn` collects the other nodes' records, validates and re-scores them, picks J
+  external groups, takes one GRPO update on the I + J groups, evaluates, logs and checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarmlm.checkpoints import latest_checkpoint, load_optimizer_state, save_checkpoint
+from swarmlm.devices import DTYPES, resolve_device
+from swarmlm.metrics import MetricsWriter
+from swarmlm.models import PRESETS, load_model
+from swarmlm.sapo.batching import TrainSample, collate, token_logprobs, with_eos
+from swarmlm.sapo.config import SAPOConfig
+from swarmlm.sapo.generation import Generated, generate_completions, tokenize_prompts
+from swarmlm.sapo.grpo import group_advantages, grpo_loss
+from swarmlm.sapo.records import DropCounter, RolloutRecord, decode_message, encode_message
+from swarmlm.sapo.selection import ScoredGroup, select_external
+from swarmlm.sapo.transports.base import RolloutTransport
+from swarmlm.tasks import Question, TaskSource, build_prompt, eval_questions, extract_answer
+from swarmlm.warmstart import WarmstartConfig, warmstart
+
+log = logging.getLogger(__name__)
+
+PRESET_LR = 2e-4
+PRETRAINED_LR = 1e-6
+
+
+def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
+    """What the node loads at round 0: the warm-started preset, or the configured model as is."""
+    m = config.model
+    if m.warmstart == "never" or (m.warmstart == "auto" and m.name not in PRESETS):
+        return m.name
+    ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=config.seed)
+    return str(warmstart(ws, progress=progress))
+
+
+def node_seed(base_seed: int, node_index: int) -> int:
+    return base_seed * 1_000 + node_index
+
+
+@dataclass
+class OwnRollouts:
+    """What a node generated in :meth:`SAPONode.play`, kept for :meth:`SAPONode.learn`."""
+
+    round: int
+    questions: list[Question]
+    generated: list[Generated]
+    rewards: list[list[float]]
+    gen_seconds: float
+    gen_tokens: int
+    transport_seconds: float = 0.0
+
+
+class SAPONode:
+    """One node of the swarm. ``out_dir`` holds its metrics and checkpoints; it resumes from them."""
+
+    def __init__(self, config: SAPOConfig, node_index: int, transport: RolloutTransport, out_dir: str | Path,
+                 initial_model: str, *, resume: bool = True, tensorboard: bool = True):
+        self.config = config
+        self.index = node_index
+        self.transport = transport
+        self.node_id = transport.node_id
+        self.out_dir = Path(out_dir)
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.device = resolve_device(config.model.device)
+        self.seed = node_seed(config.seed, node_index)
+        checkpoint = latest_checkpoint(self.ckpt_dir) if resume else None
+        source = str(checkpoint.model_dir) if checkpoint else initial_model
+        loaded = load_model(source, seed=self.seed, dtype=DTYPES[config.model.dtype])
+        self.model = loaded.model.to(self.device)
+        self.model.train()
+        self.tokenizer = loaded.tokenizer
+        self.model_name = config.model.name
+        lr = config.grpo.lr or (PRESET_LR if config.model.name in PRESETS else PRETRAINED_LR)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.ref_model = None
+        if config.grpo.beta > 0:
+            self.ref_model = load_model(initial_model, seed=self.seed, dtype=DTYPES[config.model.dtype]).model.to(self.device)
+            self.ref_model.eval().requires_grad_(False)
+        self.tasks = TaskSource(config.tasks, node_seed=self.seed)
+        self.eval_set = eval_questions(config.tasks)
+        self.rng = random.Random(self.seed)
+        self.drops = DropCounter()
+        self.round = 0  # last completed round
+        self.cumulative_reward_own = 0.0
+        if checkpoint is not None:
+            load_optimizer_state(checkpoint, self.optimizer)
+            st = checkpoint.state
+            self.round = checkpoint.step
+            self.cumulative_reward_own = st.get("cumulative_reward_own", 0.0)
+            self.tasks.load_state(st["tasks"])
+            self.rng.setstate((st["rng"][0], tuple(st["rng"][1]), st["rng"][2]))
+            self.drops.counts.update(st.get("drops", {}))
+            log.info("%s resumed from %s (round %d)", self.node_id, checkpoint.path, self.round)
+        self.metrics = MetricsWriter(self.out_dir, step_key="round", resume_from=self.round, tensorboard=tensorboard)
+
+    # ------------------------------------------------------------------ helpers
+    def _prompt_ids(self, questions: list[str]) -> list[list[int]]:
+        style = self.config.generation.prompt_style
+        prompts = [build_prompt(q, self.tokenizer, style) for q in questions]
+        return tokenize_prompts(self.tokenizer, prompts, self.config.generation.max_prompt_tokens)
+
+    def _score_texts(self, family: str, entry: dict[str, Any], texts: list[str]) -> list[float]:
+        return [self.tasks.score(family, extract_answer(t), entry) for t in texts]
+
+    # ------------------------------------------------------------------ round, first half
+    def play(self, round: int) -> OwnRollouts:
+        """Sample I questions, generate L completions each, score them, publish them."""
+        g = self.config.generation
+        questions = self.tasks.sample(self.config.local)
+        torch.manual_seed(self.seed * 100_003 + round)  # the round's samples do not depend on other nodes' work
+        started = time.perf_counter()
+        generated = generate_completions(
+            self.model, self.tokenizer, self._prompt_ids([q.question for q in questions]),
+            num_completions=g.group_size, max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
+        gen_seconds = time.perf_counter() - started
+        rewards = [self._score_texts(q.family, q.entry, gen.texts) for q, gen in zip(questions, generated)]
+        own = OwnRollouts(round, questions, generated, rewards, gen_seconds,
+                          gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)))
+        records = [RolloutRecord(self.node_id, round, q.family, q.question, q.answer, q.metadata, gen.texts, self.model_name)
+                   for q, gen in zip(questions, generated)]
+        started = time.perf_counter()
+        self.transport.publish(round, encode_message(records))
+        own.transport_seconds = time.perf_counter() - started
+        return own
+
+    # ------------------------------------------------------------------ round, second half
+    def collect_external(self, round: int) -> tuple[list[ScoredGroup], dict[str, Any]]:
+        """Other nodes' valid records for ``round``, re-scored with this node's verifier."""
+        started = time.perf_counter()
+        messages = self.transport.collect(round, self.config.sharing.collect_timeout)
+        seconds = time.perf_counter() - started
+        before = self.drops.total()
+        pool: list[ScoredGroup] = []
+        received = 0
+        for msg in messages:
+            records = decode_message(msg.payload, self.config.sharing.limits, sender=msg.sender, rounds=(round, round),
+                                     known_family=self.tasks.can_score, drops=self.drops)
+            received += len(records)
+            for rec in records:
+                try:
+                    rewards = self._score_texts(rec.family, rec.entry, rec.completions)
+                except Exception as err:  # a peer's metadata our verifier cannot use
+                    self.drops.drop("unscorable", msg.sender, f"{type(err).__name__}: {str(err)[:60]}")
+                    continue
+                pool.append(ScoredGroup(rec, rewards))
+        info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
+                "records_dropped": self.drops.total() - before, "transport_seconds": seconds, "records_received": received}
+        return pool, info
+
+    def _samples(self, own: OwnRollouts, external: list[ScoredGroup]) -> list[TrainSample]:
+        eos, max_new = self.tokenizer.eos_token_id, self.config.generation.max_new_tokens
+        samples = []
+        own_adv = group_advantages(torch.tensor(own.rewards, dtype=torch.float64)).tolist() if own.rewards else []
+        for gen, advs in zip(own.generated, own_adv):
+            for ids, a in zip(gen.completion_ids, advs):
+                samples.append(TrainSample(gen.prompt_ids, with_eos(ids, eos, max_new), a))
+        if external:
+            prompt_ids = self._prompt_ids([grp.record.question for grp in external])
+            for grp, p_ids in zip(external, prompt_ids):
+                advs = group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist()
+                comp = self.tokenizer(grp.record.completions, add_special_tokens=False)["input_ids"]
+                for ids, a in zip(comp, advs):
+                    samples.append(TrainSample(p_ids, with_eos(ids, eos, max_new), a, external=True))
+        return samples
+
+    @torch.no_grad()
+    def _logprobs_of(self, model, samples: list[TrainSample]) -> list[torch.Tensor]:
+        """Per-sample completion-token log-probs (1-D, aligned with each sample's completion)."""
+        out = []
+        mb = self.config.grpo.micro_batch_size
+        for start in range(0, len(samples), mb):
+            chunk = samples[start:start + mb]
+            logp, mask = token_logprobs(model, collate(chunk, self.tokenizer.pad_token_id))
+            for row in range(len(chunk)):
+                out.append(logp[row][mask[row]].float().cpu())
+        return out
+
+    def _external_weights(self, samples: list[TrainSample], old: list[torch.Tensor]) -> None:
+        """Truncated importance weights: ``min(1, exp(mean logp(ext) - mean logp(own)))`` per external completion."""
+        own = [lp.mean() for s, lp in zip(samples, old) if not s.external and lp.numel()]
+        if not own:
+            return
+        reference = torch.stack(own).mean()
+        for s, lp in zip(samples, old):
+            if s.external and lp.numel():
+                s.weight = float(torch.clamp(torch.exp(lp.mean() - reference), max=1.0))
+
+    def update(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One GRPO update (``ppo_epochs`` × ``num_minibatches`` optimizer steps) on ``samples``."""
+        cfg = self.config.grpo
+        if not samples:
+            return {"loss": None}
+        needs_old = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1 or cfg.external_weight == "truncated"
+        old = self._logprobs_of(self.model, samples) if needs_old else None
+        if old is not None and cfg.external_weight == "truncated":
+            self._external_weights(samples, old)
+        ref = self._logprobs_of(self.ref_model, samples) if self.ref_model is not None else None
+        order = list(range(len(samples)))
+        losses, clip_fracs, kls, grad_norms = [], [], [], []
+        for _ in range(cfg.ppo_epochs):
+            self.rng.shuffle(order)
+            per_mb = math.ceil(len(order) / cfg.num_minibatches)
+            for mb_start in range(0, len(order), per_mb):
+                mb = order[mb_start:mb_start + per_mb]
+                n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
+                self.optimizer.zero_grad(set_to_none=True)
+                mb_loss = 0.0
+                # sort by length so that micro-batches waste little padding
+                mb_sorted = sorted(mb, key=lambda i: len(samples[i].prompt_ids) + samples[i].num_completion_tokens)
+                for mi in range(0, len(mb_sorted), cfg.micro_batch_size):
+                    idx = mb_sorted[mi:mi + cfg.micro_batch_size]
+                    chunk = [samples[i] for i in idx]
+                    logp, mask = token_logprobs(self.model, collate(chunk, self.tokenizer.pad_token_id))
+                    old_lp = torch.zeros_like(logp)
+                    ref_lp = torch.zeros_like(logp) if ref is not None else None
+                    for row, i in enumerate(idx):
+                        pos = mask[row].nonzero().squeeze(-1)
+                        old_lp[row, pos] = old[i].to(logp) if old is not None else logp[row, pos].detach()
+                        if ref_lp is not None:
+                            ref_lp[row, pos] = ref[i].to(logp)
+                    adv = torch.tensor([s.advantage for s in chunk], device=logp.device)
+                    w = torch.tensor([s.weight for s in chunk], device=logp.device)
+                    loss, stats = grpo_loss(logp, old_lp, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                                            beta=cfg.beta, ref_logp=ref_lp, weights=w, num_tokens=n_tokens)
+                    loss.backward()
+                    mb_loss += float(loss)
+                    clip_fracs.append(float(stats["clip_frac"]))
+                    if "kl" in stats:
+                        kls.append(float(stats["kl"]))
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+                self.optimizer.step()
+                losses.append(mb_loss)
+        out = {"loss": sum(losses) / len(losses), "clip_frac": sum(clip_fracs) / len(clip_fracs),
+               "grad_norm": sum(grad_norms) / len(grad_norms)}
+        if kls:
+            out["kl"] = sum(kls) / len(kls)
+        return out
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """pass@1 on the fixed held-out set, with greedy decoding."""
+        g = self.config.generation
+        generated = generate_completions(self.model, self.tokenizer, self._prompt_ids([q.question for q in self.eval_set]),
+                                         num_completions=1, max_new_tokens=g.max_new_tokens, max_batch=g.max_batch, greedy=True)
+        scores = [self.tasks.score(q.family, extract_answer(gen.texts[0]), q.entry) for q, gen in zip(self.eval_set, generated)]
+        return sum(scores) / len(scores)
+
+    def learn(self, own: OwnRollouts, round_started: float) -> dict[str, Any]:
+        """Collect, select, update, evaluate, log; returns the round's metrics."""
+        round = own.round
+        if self.config.external > 0:
+            pool, info = self.collect_external(round)
+        else:
+            pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
+                              "records_received": 0}
+        chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng)
+        samples = self._samples(own, chosen)
+        started = time.perf_counter()
+        train_stats = self.update(samples)
+        train_seconds = time.perf_counter() - started
+        reward_own = sum(map(sum, own.rewards)) / max(1, sum(map(len, own.rewards)))
+        self.cumulative_reward_own += reward_own
+        self.round = round
+        cfg = self.config
+        is_last = round == cfg.rounds
+        do_eval = is_last or (cfg.eval_every > 0 and round % cfg.eval_every == 0)
+        eval_pass1 = self.evaluate() if do_eval else None
+        all_completions = [c for gen in own.generated for c in gen.completion_ids]
+        record = {
+            "round": round,
+            "node": self.node_id,
+            "reward_own": reward_own,
+            "reward_external": (sum(g.mean_reward for g in chosen) / len(chosen)) if chosen else None,
+            "reward_external_pool": (sum(g.mean_reward for g in pool) / len(pool)) if pool else None,
+            "eval_pass1": eval_pass1,
+            **train_stats,
+            "external_used": len(chosen),
+            "external_pool": len(pool),
+            **info,
+            "transport_seconds": info["transport_seconds"] + own.transport_seconds,
+            "drops": dict(self.drops.counts),
+            "format_rate": sum(extract_answer(t) is not None for gen in own.generated for t in gen.texts) / max(1, len(all_completions)),
+            "completion_tokens": sum(map(len, all_completions)) / max(1, len(all_completions)),
+            "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
+            "gen_seconds": own.gen_seconds,
+            "train_seconds": train_seconds,
+            "round_seconds": time.perf_counter() - round_started,
+            "cumulative_reward_own": self.cumulative_reward_own,
+        }
+        self.metrics.log(record)
+        if round % cfg.checkpoint_every == 0 or is_last:
+            self.checkpoint()
+        return record
+
+    def run_round(self, round: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        return self.learn(self.play(round), started)
+
+    # ------------------------------------------------------------------ persistence
+    def checkpoint(self) -> Path:
+        state = {"node_id": self.node_id, "cumulative_reward_own": self.cumulative_reward_own,
+                 "tasks": self.tasks.state(), "rng": self.rng.getstate(), "drops": dict(self.drops.counts)}
+        return save_checkpoint(self.ckpt_dir, self.round, model=self.model, tokenizer=self.tokenizer,
+                               optimizer=self.optimizer, state=state)
+
+    def close(self) -> None:
+        self.metrics.close()

@@ -1,0 +1,43 @@
+"""Choosing the J external groups a node trains on (SPEC A.2 step 5)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from swarmlm.sapo.grpo import is_zero_advantage
+from swarmlm.sapo.records import RolloutRecord
+
+SelectionPolicy = Literal["uniform", "first_valid", "top_reward"]
+
+
+@dataclass
+class ScoredGroup:
+    """An external record, re-scored with the receiving node's own verifier."""
+
+    record: RolloutRecord
+    rewards: list[float]
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards)
+
+
+def select_external(pool: list[ScoredGroup], j: int, policy: SelectionPolicy, rng: random.Random) -> list[ScoredGroup]:
+    """Drop zero-advantage groups, then pick up to ``j`` of the rest.
+
+    ``uniform`` samples without replacement, ``first_valid`` keeps arrival order, and ``top_reward``
+    takes the highest mean rewards (ties keep arrival order). Fewer than ``j`` valid groups means
+    all of them; an empty pool means none.
+    """
+    if j <= 0:
+        return []
+    valid = [g for g in pool if not is_zero_advantage(g.rewards)]
+    if policy == "uniform":
+        return rng.sample(valid, min(j, len(valid)))
+    if policy == "first_valid":
+        return valid[:j]
+    if policy == "top_reward":
+        return sorted(valid, key=lambda g: -g.mean_reward)[:j]
+    raise ValueError(f"unknown selection policy '{policy}' (allowed: uniform, first_valid, top_reward)")

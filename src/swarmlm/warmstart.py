@@ -1,0 +1,116 @@
+"""Warm start: a short supervised pass that teaches a freshly built preset the answer format.
+
+A randomly initialised model never writes ``<answer>…</answer>``, so RL would see zero reward
+everywhere and learn nothing. A few hundred steps of supervised training on reasoning-gym questions
+with their answers give a small model the format and a low but non-zero reward, the situation of
+Qwen2.5-0.5B at the start of the SAPO paper. The result is cached on disk, keyed by its settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from pydantic import Field
+from tqdm.auto import tqdm
+
+from swarmlm.config import StrictModel
+from swarmlm.models import PRESETS, build_preset
+from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer
+
+log = logging.getLogger(__name__)
+
+WARMSTART_VERSION = 1  # bump when the procedure changes, so that old caches are not reused
+
+
+class WarmstartConfig(StrictModel):
+    model: str = Field("tiny-qwen2", description="built-in preset to warm-start")
+    tasks: TaskConfig = Field(default_factory=TaskConfig)
+    steps: int = Field(300, ge=0, description="optimizer steps")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    seed: int = Field(0, ge=0)
+    out: str | None = Field(None, description="output directory (default: the cache)")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SWARMLM_CACHE", Path.home() / ".cache" / "swarmlm"))
+
+
+def warmstart_key(config: WarmstartConfig) -> str:
+    blob = json.dumps({"v": WARMSTART_VERSION, **config.model_dump(mode="json", exclude={"out"})}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
+    loaded = build_preset(config.model, seed=config.seed)
+    model, tok = loaded.model, loaded.tokenizer
+    torch.manual_seed(config.seed)
+    source = TaskSource(config.tasks, node_seed=10_000 + config.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
+    warmup = max(1, config.steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    model.train()
+    started = time.time()
+    loss_value = float("nan")
+    for _ in tqdm(range(config.steps), desc=f"warm start {config.model}", disable=not progress, unit="step"):
+        questions = source.sample(config.batch_size)
+        prompts = [tok(build_prompt(q.question, tok, "plain"), add_special_tokens=False)["input_ids"] for q in questions]
+        targets = [tok(format_answer(q.answer or ""), add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for q in questions]
+        width = max(len(p) + len(t) for p, t in zip(prompts, targets))
+        ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        attention = torch.zeros_like(ids)
+        for row, (p, t) in enumerate(zip(prompts, targets)):
+            ids[row, : len(p) + len(t)] = torch.tensor(p + t)
+            labels[row, len(p): len(p) + len(t)] = torch.tensor(t)
+            attention[row, : len(p) + len(t)] = 1
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_value = float(loss)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    info = {"config": config.model_dump(mode="json"), "final_loss": loss_value, "seconds": round(time.time() - started, 1)}
+    (tmp / "warmstart.json").write_text(json.dumps(info, indent=1))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return info
+
+
+def warmstart(config: WarmstartConfig, *, progress: bool = True) -> Path:
+    """The warm-started model directory for ``config``: from the cache, or trained now (once, under a lock)."""
+    if config.model not in PRESETS:
+        raise ValueError(f"warm start is for built-in presets ({', '.join(PRESETS)}), not '{config.model}'")
+    out_dir = Path(config.out) if config.out else cache_root() / "warmstart" / f"{config.model}-{warmstart_key(config)}"
+    with _file_lock(out_dir.with_name(out_dir.name + ".lock")):
+        if (out_dir / "warmstart.json").exists():
+            log.info("warm start cached at %s", out_dir)
+            return out_dir
+        info = _train(config, out_dir, progress)
+        log.info("warm start of %s done in %.0fs (final loss %.3f) -> %s", config.model, info["seconds"], info["final_loss"], out_dir)
+    return out_dir
