@@ -46,6 +46,7 @@ class GRPOSection(StrictModel):
 class SharingSection(StrictModel):
     selection: SelectionPolicy = Field("uniform", description="how J external groups are chosen")
     collect_timeout: float = Field(30.0, ge=0, description="seconds to wait for other nodes' records")
+    staleness_rounds: int = Field(0, ge=0, description="also accept records up to this many rounds old (asynchronous swarms)")
     limits: RecordLimits = Field(default_factory=RecordLimits)
 
 

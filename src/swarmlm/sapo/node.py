@@ -149,7 +149,7 @@ class SAPONode:
         pool: list[ScoredGroup] = []
         received = 0
         for msg in messages:
-            records = decode_message(msg.payload, self.config.sharing.limits, sender=msg.sender, rounds=(round, round),
+            records = decode_message(msg.payload, self.config.sharing.limits, sender=msg.sender, rounds=(round - self.config.sharing.staleness_rounds, round),
                                      known_family=self.tasks.can_score, drops=self.drops)
             received += len(records)
             for rec in records:
