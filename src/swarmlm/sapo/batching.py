@@ -29,8 +29,15 @@ class TrainSample:
 
 
 def with_eos(completion_ids: list[int], eos_id: int, max_tokens: int) -> list[int]:
-    """The completion cut to ``max_tokens`` and terminated by exactly one EOS (SPEC A.3)."""
-    return list(completion_ids[:max_tokens]) + [eos_id]
+    """The completion cut to ``max_tokens`` and terminated by exactly one EOS (SPEC A.3).
+
+    A completion that already holds an EOS (a peer's text containing the EOS string re-tokenizes to it)
+    ends there, as generation would have.
+    """
+    ids = list(completion_ids)
+    if eos_id in ids:
+        ids = ids[:ids.index(eos_id)]
+    return ids[:max_tokens] + [eos_id]
 
 
 def collate(samples: list[TrainSample], pad_id: int) -> dict[str, torch.Tensor]:

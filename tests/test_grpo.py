@@ -1,0 +1,468 @@
+"""GRPO advantages and loss, checked against TRL's GRPOTrainer on the same batch, and SAPONode.update.
+
+TRL (a test-only dependency) is the independent oracle: a real ``GRPOTrainer`` is built on the same tiny
+model, its rollouts come from ``rollout_func`` (TRL's hook for custom generation) returning fixed token ids,
+its rewards from a reward function that reads a dataset column, and its advantages and loss are computed by
+its own ``_generate_and_score_completions`` and ``_compute_loss``, i.e. model forward, advantage, clipping,
+KL and aggregation are all TRL's code. Our side runs ``collate`` + ``token_logprobs`` + ``grpo_loss``.
+
+Convention differences between TRL 1.16 and the SPEC (A.3), and what we do:
+
+* advantage denominator: TRL uses ``std + 1e-4``; the SPEC says ``std + 1e-8``. Both use the
+  Bessel-corrected (sample) std. ``group_advantages`` defaults to the SPEC's 1e-8 and takes ``eps``, so the
+  comparison with TRL passes ``eps=1e-4``; ``test_advantages_default_eps_is_the_specs`` pins the default.
+* loss aggregation: the SPEC's token mean over the whole batch is TRL's ``loss_type="dapo"`` (TRL's default),
+  not TRL's ``"grpo"`` (mean per sequence, then over sequences), which differs when lengths differ.
+* KL: TRL 1.16 defaults to ``use_bias_correction_kl=True`` (the KL term multiplied by the ratio ρ, from
+  DeepSeek-V3.2). The SPEC's plain GRPO penalty is β·k3 with no ratio, so the oracle runs with it off.
+* importance weights for external completions: ours scale the whole per-token loss of a completion, KL
+  included (the weight says how much the sample counts); TRL's vLLM importance-sampling correction leaves the
+  KL term unweighted. The test below builds the reference from TRL's per-row losses.
+* TRL left-pads prompts and passes no position ids, so prompts in the oracle batches all have one length
+  (then TRL's layout is exactly ours: prompt, completion, right padding, positions 0..n-1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl.trainer.utils import split_tensor_dict  # noqa: E402
+
+from swarmlm.models import build_preset, load_model  # noqa: E402
+from swarmlm.sapo.batching import TrainSample, collate, token_logprobs  # noqa: E402
+from swarmlm.sapo.grpo import group_advantages, grpo_loss, is_zero_advantage, per_token_kl  # noqa: E402
+
+PROMPT_LEN = 6
+L = 4
+# three groups: mixed 0/1, all equal (zero advantage), partial credit
+REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.0, 0.25, 1.0, 0.5]
+GROUPS = len(REWARDS) // L
+
+
+# ----------------------------------------------------------------------------- fixtures and helpers
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny preset saved once; TRL and our side both load it, so their weights are identical."""
+    path = tmp_path_factory.mktemp("grpo-model")
+    build_preset("tiny-qwen2", seed=7).model.save_pretrained(path)
+    build_preset("tiny-qwen2", seed=7).tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Equal-length prompts (one per group), completions of 1 to 6 tokens ending in EOS."""
+    tok = build_preset("tiny-qwen2").tokenizer
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 256, (PROMPT_LEN,), generator=g).tolist() for _ in range(GROUPS)]
+    completions = []
+    for _ in range(GROUPS * L):
+        n = int(torch.randint(0, 6, (1,), generator=g))
+        completions.append(torch.randint(0, 256, (n,), generator=g).tolist() + [tok.eos_token_id])
+    return {"prompts": prompts, "completions": completions, "pad": tok.pad_token_id, "eos": tok.eos_token_id}
+
+
+def _reward_from_column(completions, reward, **kwargs):
+    return [float(r) for r in reward]
+
+
+def make_trl(model_dir, batch, out_dir, *, loss_type="dapo", beta=0.0, eps_low=0.2, eps_high=0.28,
+             grad_accum=1, num_iterations=1):
+    """A real GRPOTrainer on the saved model, and TRL's processed batch (advantages, masks, old/ref log-probs)."""
+    prompts, completions = batch["prompts"], batch["completions"]
+
+    def rollout(prompt_texts, trainer):
+        return {"prompt_ids": [prompts[i // L] for i in range(len(prompt_texts))],
+                "completion_ids": [completions[i] for i in range(len(prompt_texts))], "logprobs": None}
+
+    n = len(REWARDS)
+    args = GRPOConfig(
+        output_dir=str(out_dir), per_device_train_batch_size=n // grad_accum, gradient_accumulation_steps=grad_accum,
+        num_generations=L, num_iterations=num_iterations, loss_type=loss_type, beta=beta, epsilon=eps_low,
+        epsilon_high=eps_high, use_bias_correction_kl=False, scale_rewards="group", use_cpu=True, bf16=False,
+        report_to=[], seed=0,
+    )
+    tok = load_model(str(model_dir)).tokenizer
+    dataset = Dataset.from_dict({"prompt": [f"q{k}" for k in range(GROUPS)], "reward": [0.0] * GROUPS})
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=_reward_from_column, args=args, train_dataset=dataset,
+                          processing_class=tok, rollout_func=rollout)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = grad_accum  # what Trainer's loop sets during accumulation
+    inputs = trainer._generate_and_score_completions(
+        [{"prompt": f"q{i // L}", "reward": r} for i, r in enumerate(REWARDS)])
+    return trainer, inputs
+
+
+def our_model(model_dir):
+    return load_model(str(model_dir)).model.train()
+
+
+def samples_for(batch, advantages) -> list[TrainSample]:
+    return [TrainSample(batch["prompts"][i // L], batch["completions"][i], float(a)) for i, a in enumerate(advantages)]
+
+
+def to_trl_layout(per_token: torch.Tensor, batch) -> torch.Tensor:
+    """Our [B, T-1] next-token values → TRL's [B, C] completion-aligned layout (zeros where padded)."""
+    width = max(len(c) for c in batch["completions"])
+    out = torch.zeros(per_token.shape[0], width, dtype=per_token.dtype)
+    for row, c in enumerate(batch["completions"]):
+        out[row, :len(c)] = per_token[row, PROMPT_LEN - 1:PROMPT_LEN - 1 + len(c)]
+    return out
+
+
+def perturb_(model, scale: float, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def copy_weights(src, dst) -> None:
+    dst.load_state_dict(src.state_dict())
+
+
+def assert_same_grads(a, b, rtol=1e-4):
+    ga = dict(a.named_parameters())
+    scale = max(float(p.grad.abs().max()) for p in b.parameters() if p.grad is not None)
+    assert scale > 0, "no gradient at all: the test would be vacuous"
+    for name, p in b.named_parameters():
+        assert p.grad is not None and ga[name].grad is not None, name
+        diff = float((p.grad - ga[name].grad).abs().max())
+        assert diff <= rtol * scale + 1e-7, f"{name}: grads differ by {diff} (scale {scale})"
+
+
+# ----------------------------------------------------------------------------- advantages
+def test_advantages_match_trl(model_dir, batch, tmp_path):
+    _, inputs = make_trl(model_dir, batch, tmp_path)
+    trl_adv = inputs["advantages"].double()
+    ours = group_advantages(torch.tensor(REWARDS, dtype=torch.float64).view(GROUPS, L), eps=1e-4).flatten()
+    torch.testing.assert_close(ours, trl_adv, rtol=1e-5, atol=1e-6)
+    # the all-equal group has exactly zero advantage in both
+    assert torch.all(ours[L:2 * L] == 0) and torch.all(trl_adv[L:2 * L] == 0)
+    assert is_zero_advantage(REWARDS[L:2 * L]) and not is_zero_advantage(REWARDS[:L])
+    # and the other groups are not trivially zero
+    assert ours[:L].abs().min() > 0.5
+
+
+def test_advantages_default_eps_is_the_specs():
+    # r = [1, 0, 0, 0]: mean 0.25, sample std 0.5 -> A_0 = 0.75 / (0.5 + eps)
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64))
+    assert adv[0, 0].item() == pytest.approx(1.5, abs=1e-7)  # eps = 1e-8 (SPEC), Bessel-corrected std
+    assert adv[0, 1].item() == pytest.approx(-0.5, abs=1e-7)
+    trl_like = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), eps=1e-4)
+    assert abs(trl_like[0, 0].item() - 1.5) > 1e-4  # TRL's 1e-4 is visibly different
+    # each group is normalised on its own, and a constant group gives 0, not NaN
+    both = group_advantages(torch.tensor([[2.0, 2.0, 2.0], [0.0, 3.0, 6.0]]))
+    assert torch.all(both[0] == 0) and torch.isfinite(both).all()
+    assert both[1].tolist() == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
+    with pytest.raises(ValueError):
+        group_advantages(torch.tensor([1.0, 0.0]))
+
+
+# ----------------------------------------------------------------------------- loss, on-policy
+def test_token_mean_loss_and_gradient_match_trl_dapo(model_dir, batch, tmp_path):
+    trainer, inputs = make_trl(model_dir, batch, tmp_path, loss_type="dapo")
+    trl_loss = trainer._compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+
+    model = our_model(model_dir)
+    samples = samples_for(batch, inputs["advantages"])
+    logp, mask = token_logprobs(model, collate(samples, batch["pad"]))
+    adv = torch.tensor([s.advantage for s in samples])
+    loss, stats = grpo_loss(logp, logp.detach(), adv, mask)
+    loss.backward()
+
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
+    assert abs(loss.item()) > 1e-3
+    assert_same_grads(trainer.model, model)
+    assert stats["clip_frac"].item() == 0.0  # one pass: ρ ≡ 1, clipping never acts
+    assert trainer._metrics["train"]["clip_ratio/region_mean"][-1] == 0.0
+
+
+def test_token_mean_is_not_trls_per_sequence_grpo_aggregation(model_dir, batch, tmp_path):
+    """SPEC: sum over all completion tokens / their count. TRL's 'grpo' type averages per sequence first."""
+    trainer, inputs = make_trl(model_dir, batch, tmp_path, loss_type="grpo")
+    with torch.no_grad():
+        trl_grpo = trainer._compute_loss(trainer.model, inputs).item()
+        model = our_model(model_dir)
+        samples = samples_for(batch, inputs["advantages"])
+        logp, mask = token_logprobs(model, collate(samples, batch["pad"]))
+        ours, _ = grpo_loss(logp, logp, torch.tensor([s.advantage for s in samples]), mask)
+    lengths = {len(c) for c in batch["completions"]}
+    assert len(lengths) > 1
+    assert abs(ours.item() - trl_grpo) > 1e-3
+
+
+# ----------------------------------------------------------------------------- loss, off-policy (ppo_epochs > 1)
+RATIO_PATTERN = [0.5, 0.7, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0]
+
+
+def test_clipping_both_sides_matches_trl(model_dir, batch, tmp_path):
+    """Old log-probs chosen so that ρ takes values on both sides of [1-ε_low, 1+ε_high], for A > 0 and A < 0.
+
+    ρ = 1.25 with A > 0 is inside ε_high = 0.28 but would be clipped by a symmetric 0.2: it checks that the
+    upper bound really is ε_high.
+    """
+    trainer, inputs = make_trl(model_dir, batch, tmp_path, eps_low=0.2, eps_high=0.28)
+    model = our_model(model_dir)
+    samples = samples_for(batch, inputs["advantages"])
+    collated = collate(samples, batch["pad"])
+    with torch.no_grad():
+        current, mask = token_logprobs(model, collated)
+    ratio = torch.ones_like(current)
+    k = 0
+    for row in range(ratio.shape[0]):
+        for col in mask[row].nonzero().flatten().tolist():
+            ratio[row, col] = RATIO_PATTERN[(k + row) % len(RATIO_PATTERN)]
+            k += 1
+    old = current - torch.log(ratio)
+    inputs["old_per_token_logps"] = to_trl_layout(old, batch)
+
+    trl_loss = trainer._compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+    logp, mask = token_logprobs(model, collated)
+    adv = torch.tensor([s.advantage for s in samples])
+    loss, stats = grpo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    loss.backward()
+
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
+    assert_same_grads(trainer.model, model)
+    metrics = trainer._metrics["train"]
+    assert metrics["clip_ratio/low_mean"][-1] > 0 and metrics["clip_ratio/high_mean"][-1] > 0
+    assert stats["clip_frac"].item() == pytest.approx(metrics["clip_ratio/region_mean"][-1], abs=1e-6)
+    # the batch really exercises all four regions
+    a = adv.unsqueeze(1).expand_as(ratio)[mask]
+    r = ratio[mask]
+    assert ((a > 0) & (r > 1.28)).any() and ((a < 0) & (r < 0.8)).any()  # clipped: no gradient
+    assert ((a > 0) & (r < 0.8)).any() and ((a < 0) & (r > 1.28)).any()  # min keeps the unclipped term
+    assert ((a > 0) & (r > 1.2) & (r < 1.28)).any()
+
+
+def test_second_ppo_epoch_matches_trl_num_iterations(model_dir, batch, tmp_path):
+    """TRL with num_iterations=2 computes the old log-probs once itself; after a first-pass optimizer step the
+    second pass (ratio ≠ 1, clipping live) must give the same loss and gradient as ours."""
+    trainer, inputs = make_trl(model_dir, batch, tmp_path, num_iterations=2)
+    assert "old_per_token_logps" in inputs  # TRL's own old log-probs, computed before any step
+
+    model = our_model(model_dir)
+    samples = samples_for(batch, inputs["advantages"])
+    collated = collate(samples, batch["pad"])
+    adv = torch.tensor([s.advantage for s in samples])
+    with torch.no_grad():
+        old, _ = token_logprobs(model, collated)
+    torch.testing.assert_close(to_trl_layout(old, batch) * inputs["completion_mask"],
+                               inputs["old_per_token_logps"] * inputs["completion_mask"], rtol=1e-4, atol=1e-5)
+
+    # first pass: one Adam step on our model, copied into TRL's
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    logp, mask = token_logprobs(model, collated)
+    grpo_loss(logp, old, adv, mask)[0].backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    copy_weights(model, trainer.model)
+
+    # second pass
+    trl_loss = trainer._compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+    logp, mask = token_logprobs(model, collated)
+    loss, stats = grpo_loss(logp, old, adv, mask)
+    loss.backward()
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-4, abs=1e-6)
+    assert_same_grads(trainer.model, model, rtol=1e-3)
+    assert stats["clip_frac"].item() > 0
+    assert stats["clip_frac"].item() == pytest.approx(trainer._metrics["train"]["clip_ratio/region_mean"][-1], abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- KL
+def test_kl_term_matches_trl(model_dir, batch, tmp_path):
+    """β > 0: TRL builds its reference model from the saved weights and computes the reference log-probs
+    itself; the policy has then moved away (same perturbation on both sides)."""
+    beta = 0.3
+    trainer, _ = make_trl(model_dir, batch, tmp_path, beta=beta)
+    model = our_model(model_dir)
+    ref_model = our_model(model_dir).eval()
+    perturb_(model, 0.05, seed=3)
+    copy_weights(model, trainer.model)
+    inputs = trainer._generate_and_score_completions(
+        [{"prompt": f"q{i // L}", "reward": r} for i, r in enumerate(REWARDS)])  # ref log-probs from TRL's ref model
+    trl_loss = trainer._compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+
+    samples = samples_for(batch, inputs["advantages"])
+    collated = collate(samples, batch["pad"])
+    with torch.no_grad():
+        ref, _ = token_logprobs(ref_model, collated)
+    logp, mask = token_logprobs(model, collated)
+    adv = torch.tensor([s.advantage for s in samples])
+    loss, stats = grpo_loss(logp, logp.detach(), adv, mask, beta=beta, ref_logp=ref)
+    loss.backward()
+
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-4, abs=1e-6)
+    assert_same_grads(trainer.model, model, rtol=1e-3)
+    assert stats["kl"].item() > 1e-3
+    assert stats["kl"].item() == pytest.approx(trainer._metrics["train"]["kl"][-1], rel=1e-4)
+    # without β the KL term is gone (and needs no reference)
+    no_kl, _ = grpo_loss(logp.detach(), logp.detach(), adv, mask)
+    assert loss.item() - no_kl.item() == pytest.approx(beta * stats["kl"].item(), rel=1e-4)
+    with pytest.raises(ValueError):
+        grpo_loss(logp, logp.detach(), adv, mask, beta=beta)
+
+
+def test_per_token_kl_is_nonnegative_and_zero_at_equality():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50, generator=g), torch.randn(50, generator=g)
+    kl = per_token_kl(a, b)
+    assert (kl >= 0).all() and (kl > 0).any()
+    assert torch.all(per_token_kl(a, a) == 0)
+
+
+# ----------------------------------------------------------------------------- micro-batching
+def test_num_tokens_makes_micro_batches_add_up_to_the_full_batch(model_dir, batch, tmp_path):
+    """Our micro-batches with ``num_tokens`` = the step's token count give the full-batch gradient, and TRL's
+    DAPO gradient accumulation (same batch split in 3, normalised by the global token count) agrees."""
+    chunks = 3
+    trainer, inputs = make_trl(model_dir, batch, tmp_path, grad_accum=chunks)
+    for part in split_tensor_dict(inputs, chunks):
+        trainer._compute_loss(trainer.model, part).backward()
+
+    samples = samples_for(batch, inputs["advantages"])
+    adv = torch.tensor([s.advantage for s in samples])
+    n_tokens = sum(s.num_completion_tokens for s in samples)
+    assert int(inputs["num_items_in_batch"]) == n_tokens
+
+    full = our_model(model_dir)
+    logp, mask = token_logprobs(full, collate(samples, batch["pad"]))
+    full_loss, _ = grpo_loss(logp, logp.detach(), adv, mask)
+    full_loss.backward()
+
+    micro = our_model(model_dir)
+    micro_naive = our_model(model_dir)
+    size = len(samples) // chunks
+    total = 0.0
+    for start in range(0, len(samples), size):
+        part = samples[start:start + size]
+        part_adv = adv[start:start + size]
+        lp, m = token_logprobs(micro, collate(part, batch["pad"]))
+        loss, _ = grpo_loss(lp, lp.detach(), part_adv, m, num_tokens=n_tokens)
+        loss.backward()
+        total += loss.item()
+        lp, m = token_logprobs(micro_naive, collate(part, batch["pad"]))
+        (grpo_loss(lp, lp.detach(), part_adv, m)[0] / chunks).backward()  # per-micro-batch token mean
+
+    assert total == pytest.approx(full_loss.item(), rel=1e-5, abs=1e-7)
+    assert_same_grads(full, micro)
+    assert_same_grads(trainer.model, micro)
+    with pytest.raises(AssertionError):  # without the override the micro-batches weight tokens unevenly
+        assert_same_grads(full, micro_naive)
+
+
+# ----------------------------------------------------------------------------- importance weights
+def test_importance_weights_scale_each_completion(model_dir, batch, tmp_path):
+    """Reference from TRL: under DAPO normalisation the batch loss is a sum of per-row terms, so the weighted
+    loss is Σ_i w_i · TRL_loss(row i, normaliser = batch token count). β > 0, so the KL term is weighted too."""
+    beta = 0.2
+    trainer, _ = make_trl(model_dir, batch, tmp_path, beta=beta)
+    perturb_(trainer.model, 0.05, seed=5)
+    inputs = trainer._generate_and_score_completions(
+        [{"prompt": f"q{i // L}", "reward": r} for i, r in enumerate(REWARDS)])
+    weights = torch.linspace(0.1, 1.0, len(REWARDS))
+    reference = 0.0
+    for row in range(len(REWARDS)):
+        one = {k: (v[row:row + 1] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in inputs.items()}
+        with torch.no_grad():
+            reference += weights[row].item() * trainer._compute_loss(trainer.model, one).item()
+
+    model = our_model(model_dir)
+    copy_weights(trainer.model, model)
+    samples = samples_for(batch, inputs["advantages"])
+    collated = collate(samples, batch["pad"])
+    ref_model = our_model(model_dir)
+    with torch.no_grad():
+        ref, _ = token_logprobs(ref_model, collated)
+        logp, mask = token_logprobs(model, collated)
+        adv = torch.tensor([s.advantage for s in samples])
+        weighted, _ = grpo_loss(logp, logp, adv, mask, beta=beta, ref_logp=ref, weights=weights)
+        per_token_w, _ = grpo_loss(logp, logp, adv, mask, beta=beta, ref_logp=ref,
+                                   weights=weights.unsqueeze(1).expand_as(logp))
+        unweighted, _ = grpo_loss(logp, logp, adv, mask, beta=beta, ref_logp=ref)
+    assert weighted.item() == pytest.approx(reference, rel=1e-4, abs=1e-6)
+    assert per_token_w.item() == pytest.approx(weighted.item(), rel=1e-6)
+    assert abs(weighted.item() - unweighted.item()) > 1e-4
+    # weights carry no gradient of their own
+    w = weights.clone().requires_grad_(True)
+    lp = logp.clone().requires_grad_(True)
+    grpo_loss(lp, logp, adv, mask, weights=w)[0].backward()
+    assert w.grad is None and lp.grad is not None
+
+
+def test_empty_mask_gives_zero_loss_not_nan():
+    logp = torch.randn(2, 5, requires_grad=True)
+    loss, stats = grpo_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), torch.zeros(2, 5, dtype=torch.bool))
+    assert loss.item() == 0.0 and stats["clip_frac"].item() == 0.0
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+# ----------------------------------------------------------------------------- SAPONode.update
+def _node(tmp_path, name, **grpo):
+    from swarmlm.sapo.config import SAPOConfig
+    from swarmlm.sapo.node import SAPONode
+    from swarmlm.sapo.transports.in_process import InProcessHub
+
+    config = SAPOConfig(model={"warmstart": "never", "device": "cpu"}, grpo=grpo, tasks={"eval_size": 2}, external=0)
+    return SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), tmp_path / name, "tiny-qwen2",
+                    resume=False, tensorboard=False)
+
+
+def _update_samples(eos: int) -> list[TrainSample]:
+    g = torch.Generator().manual_seed(2)
+    out = []
+    for i in range(8):
+        prompt = torch.randint(0, 256, (4 + i % 3,), generator=g).tolist()
+        completion = torch.randint(0, 256, (2 + i % 4,), generator=g).tolist() + [eos]
+        out.append(TrainSample(prompt, completion, 1.0 if i % 2 else -1.0))
+    return out
+
+
+def test_node_update_single_pass_has_ratio_one(tmp_path):
+    node = _node(tmp_path, "one", lr=0.05, ppo_epochs=1, num_minibatches=1)
+    samples = _update_samples(node.tokenizer.eos_token_id)
+    before = [p.detach().clone() for p in node.model.parameters()]
+    stats = node.update(samples)
+    assert stats["clip_frac"] == 0.0
+    # ρ ≡ 1, so the loss is the token mean of -A
+    n = sum(s.num_completion_tokens for s in samples)
+    expected = -sum(s.advantage * s.num_completion_tokens for s in samples) / n
+    assert stats["loss"] == pytest.approx(expected, abs=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(before, node.model.parameters()))  # a step was taken
+    assert node.update([]) == {"loss": None}
+
+
+def test_node_update_ppo_epochs_make_clipping_live(tmp_path):
+    node = _node(tmp_path, "multi", lr=0.05, ppo_epochs=2, num_minibatches=2, micro_batch_size=3)
+    samples = _update_samples(node.tokenizer.eos_token_id)
+    stats = node.update(samples)
+    assert stats["clip_frac"] > 0  # later passes see ρ ≠ 1 against the old log-probs taken once
+    assert math.isfinite(stats["loss"]) and stats["loss"] != pytest.approx(-0.0, abs=1e-9)
+
+
+def test_node_update_gradient_does_not_depend_on_micro_batch_size(tmp_path):
+    """micro_batch_size is memory only: the same update with 1 or 32 sequences per forward."""
+    a = _node(tmp_path, "mb32", lr=1e-3, ppo_epochs=1, num_minibatches=1, micro_batch_size=32)
+    b = _node(tmp_path, "mb3", lr=1e-3, ppo_epochs=1, num_minibatches=1, micro_batch_size=3)
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(p, q)
+    samples = _update_samples(a.tokenizer.eos_token_id)
+    sa, sb = a.update(samples), b.update(samples)
+    assert sa["grad_norm"] == pytest.approx(sb["grad_norm"], rel=1e-4)
+    assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
