@@ -67,6 +67,11 @@ def _gguf_in(path: Path) -> Path | None:
     return None
 
 
+def _is_path_like(spec: str) -> bool:
+    """Whether ``spec`` can only be a filesystem path (a hub id is ``name`` or ``namespace/name``)."""
+    return spec.startswith(("/", "./", "../", "~", "\\")) or spec.endswith(".gguf") or spec.count("/") > 1
+
+
 def build_preset(name: str, seed: int = 0) -> LoadedModel:
     """A freshly initialised preset model with the byte-level tokenizer."""
     if name not in PRESETS:
@@ -85,6 +90,11 @@ def load_model(spec: str, *, seed: int = 0, dtype: torch.dtype | None = None) ->
         loaded = build_preset(spec, seed=seed)
     else:
         path = Path(spec).expanduser()
+        if not path.exists() and _is_path_like(spec):
+            raise ModelLoadError(
+                f"model path '{spec}' does not exist; give a directory written by save_pretrained, a .gguf file, "
+                f"a built-in preset ({', '.join(PRESETS)}) or a Hugging Face hub id"
+            )
         gguf = smollm2_gguf_path() if spec == SMOLLM2_NAME else _gguf_in(path)
         try:
             if gguf is not None:
