@@ -81,17 +81,22 @@ def save_checkpoint(directory: str | Path, step: int, *, model: torch.nn.Module 
 
 
 def latest_checkpoint(directory: str | Path) -> Checkpoint | None:
-    """The newest complete checkpoint under ``directory``, or None."""
+    """The newest complete checkpoint under ``directory``, or None.
+
+    ``latest`` names it. If that directory is gone (killed while the same step was being rewritten) or the
+    pointer was never written (killed right after the first checkpoint landed), the newest complete
+    ``step-*`` directory is used: a step directory only appears, by rename, once it is complete.
+    """
     directory = Path(directory)
     pointer = directory / LATEST
-    if not pointer.exists():
-        return None
-    path = directory / pointer.read_text().strip()
-    state_file = path / "state.json"
-    if not state_file.exists():
-        return None
-    state = json.loads(state_file.read_text())
-    return Checkpoint(path=path, step=int(state["step"]), state=state)
+    candidates = [directory / pointer.read_text().strip()] if pointer.exists() else []
+    candidates += sorted(directory.glob("step-*"), reverse=True)
+    for path in candidates:
+        state_file = path / "state.json"
+        if state_file.is_file():
+            state = json.loads(state_file.read_text())
+            return Checkpoint(path=path, step=int(state["step"]), state=state)
+    return None
 
 
 def load_optimizer_state(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer) -> None:

@@ -1,0 +1,157 @@
+"""Checkpoints (save / latest / load, atomic ``latest``, pruning) and metrics files (resume truncation)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import torch
+
+from swarmlm.checkpoints import (latest_checkpoint, load_optimizer_state, load_rng_state, load_tensors,
+                                 save_checkpoint)
+from swarmlm.metrics import MetricsWriter, read_jsonl
+from swarmlm.models import build_preset, load_model
+
+
+def _trained_step(model, optimizer):
+    ids = torch.arange(20).unsqueeze(0)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_save_latest_load_round_trip(tmp_path):
+    loaded = build_preset("tiny-qwen2", seed=2)
+    model = loaded.model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _trained_step(model, optimizer)
+    tensors = {"phi": torch.randn(3, 4), "delta": torch.zeros(2)}
+
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    path = save_checkpoint(tmp_path, 7, model=model, tokenizer=loaded.tokenizer, optimizer=optimizer,
+                           state={"note": "hello", "nested": {"a": [1, 2]}}, tensors=tensors)
+    after_save = (random.random(), float(np.random.rand()), torch.rand(2))
+
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.path == path and ckpt.step == 7
+    assert ckpt.state["note"] == "hello" and ckpt.state["nested"] == {"a": [1, 2]}
+    assert (ckpt.model_dir / "model.safetensors").exists()
+
+    again = load_model(str(ckpt.model_dir))
+    for (name, p), q in zip(model.named_parameters(), again.model.parameters()):
+        assert torch.equal(p, q), name
+    new_opt = torch.optim.Adam(again.model.parameters(), lr=1e-3)
+    load_optimizer_state(ckpt, new_opt)
+    old_state, new_state = optimizer.state_dict(), new_opt.state_dict()
+    assert new_state["param_groups"] == old_state["param_groups"]
+    assert len(new_state["state"]) == len(old_state["state"]) > 0
+    for k, v in old_state["state"].items():
+        assert torch.equal(v["exp_avg"], new_state["state"][k]["exp_avg"])
+        assert torch.equal(v["exp_avg_sq"], new_state["state"][k]["exp_avg_sq"])
+    loaded_tensors = load_tensors(ckpt)
+    assert set(loaded_tensors) == set(tensors) and all(torch.equal(loaded_tensors[k], tensors[k]) for k in tensors)
+
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    load_rng_state(ckpt)
+    assert (random.random(), float(np.random.rand())) == after_save[:2]
+    assert torch.equal(torch.rand(2), after_save[2])
+
+
+def test_no_checkpoint_yet(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_latest_ignores_a_half_written_checkpoint(tmp_path):
+    save_checkpoint(tmp_path, 3, state={"v": 3})
+    # a process killed while writing step 4: the temporary directory and pointer file are left behind
+    tmp = tmp_path / ".tmp-step-000004"
+    (tmp / "model").mkdir(parents=True)
+    (tmp / "model" / "model.safetensors").write_bytes(b"\x00" * 10)
+    (tmp_path / "latest.tmp").write_text("step-0000")
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.step == 3 and ckpt.state["v"] == 3
+    # the next save cleans up and moves on
+    save_checkpoint(tmp_path, 4, state={"v": 4})
+    assert latest_checkpoint(tmp_path).step == 4
+    assert not tmp.exists()
+
+
+def test_latest_survives_a_kill_while_a_step_is_rewritten(tmp_path):
+    """Re-saving a step removes the old copy before the new one lands; killed in between, the pointer names a
+    directory that is gone. The newest complete checkpoint must still be found, not none at all."""
+    save_checkpoint(tmp_path, 3, state={"v": 3})
+    save_checkpoint(tmp_path, 4, state={"v": 4})
+    import shutil
+
+    shutil.rmtree(tmp_path / "step-000004")
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.step == 3
+    # killed before the very first pointer was written: the complete step directory is still used
+    other = tmp_path / "other"
+    save_checkpoint(other, 1, state={})
+    (other / "latest").unlink()
+    assert latest_checkpoint(other).step == 1
+
+
+def test_keep_prunes_to_the_newest(tmp_path):
+    for step in range(1, 6):
+        save_checkpoint(tmp_path, step, state={"step_note": step}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000005"]
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert latest_checkpoint(tmp_path).step == 5
+    save_checkpoint(tmp_path, 6, state={}, keep=3)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000005", "step-000006"]
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    save_checkpoint(tmp_path, 2, state={"v": "first"})
+    save_checkpoint(tmp_path, 2, state={"v": "second"})
+    assert latest_checkpoint(tmp_path).state["v"] == "second"
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_metrics_resume_truncates_to_the_checkpoint(tmp_path):
+    with MetricsWriter(tmp_path, step_key="round", tensorboard=False) as w:
+        for r in range(1, 6):
+            w.log({"round": r, "loss": r / 10})
+    assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+    # the run resumes from the round-3 checkpoint: rounds 4 and 5 will be redone, so they go
+    with MetricsWriter(tmp_path, step_key="round", resume_from=3, tensorboard=False) as w:
+        assert [r["round"] for r in w.records()] == [1, 2, 3]
+        w.log({"round": 4, "loss": 0.44})
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and rows[-1]["loss"] == 0.44
+
+    # a fresh start (no checkpoint) in the same directory starts a new file
+    with MetricsWriter(tmp_path, step_key="round", tensorboard=False) as w:
+        w.log({"round": 1, "loss": 1.0})
+    assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"step": 3, "lo')
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2]
+    with MetricsWriter(tmp_path, resume_from=2, tensorboard=False) as w:
+        w.log({"step": 3})
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3]
+
+
+def test_values_are_written_as_valid_json(tmp_path):
+    with MetricsWriter(tmp_path, tensorboard=True) as w:
+        w.log({"step": 1, "nan": math.nan, "inf": math.inf, "t": torch.tensor(0.5), "none": None, "flag": True})
+    text = (tmp_path / "metrics.jsonl").read_text()
+    row = json.loads(text)  # strict JSON: no NaN / Infinity tokens
+    assert "NaN" not in text and "Infinity" not in text
+    assert row == {"step": 1, "nan": None, "inf": "inf", "t": 0.5, "none": None, "flag": True}
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
