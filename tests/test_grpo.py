@@ -451,7 +451,25 @@ def test_node_update_ppo_epochs_make_clipping_live(tmp_path):
     samples = _update_samples(node.tokenizer.eos_token_id)
     stats = node.update(samples)
     assert stats["clip_frac"] > 0  # later passes see ρ ≠ 1 against the old log-probs taken once
-    assert math.isfinite(stats["loss"]) and stats["loss"] != pytest.approx(-0.0, abs=1e-9)
+    assert math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
+
+
+def test_node_update_truncated_external_weights(tmp_path):
+    node = _node(tmp_path, "weights", lr=1e-3, external_weight="truncated")
+    samples = _update_samples(node.tokenizer.eos_token_id)
+    for s in samples[4:]:
+        s.external = True
+    node.update(samples)
+    assert all(s.weight == 1.0 for s in samples[:4])
+    ext = [s.weight for s in samples[4:]]
+    assert all(0.0 < w <= 1.0 for w in ext) and min(ext) < 1.0
+    # off by default: external samples count fully
+    plain = _node(tmp_path, "plain", lr=1e-3)
+    samples = _update_samples(plain.tokenizer.eos_token_id)
+    for s in samples[4:]:
+        s.external = True
+    plain.update(samples)
+    assert all(s.weight == 1.0 for s in samples)
 
 
 def test_node_update_gradient_does_not_depend_on_micro_batch_size(tmp_path):
