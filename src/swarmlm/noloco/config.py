@@ -1,0 +1,140 @@
+"""Every option of ``swarmlm noloco train``.
+
+The most used options sit at the top level (``--method noloco --nproc 4 --out DIR --steps 300``);
+the rest are grouped by the part of the method they tune (``--inner.lr``, ``--noloco.gamma``,
+``--exchange.timeout-s``, ``--data.source``...). Defaults are sized for a 2-core CPU: the tiny
+Llama preset, 128-token sequences and small batches, so that a default 4-replica run takes minutes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from swarmlm.config import StrictModel
+
+Method = Literal["noloco", "diloco", "ddp"]
+
+
+class InnerSection(StrictModel):
+    """The inner optimizer: each replica's own Adam(W), never averaged."""
+
+    optimizer: Literal["adamw", "adam"] = Field("adamw", description="inner optimizer")
+    lr: float = Field(3e-3, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.1, ge=0, description="decoupled weight decay (adamw only)")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    warmup_steps: int = Field(30, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio * lr")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate as a fraction of the peak")
+    clip: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+
+class OuterSection(StrictModel):
+    """When outer steps happen (NoLoCo and DiLoCo)."""
+
+    every: int = Field(20, ge=1, description="H: inner steps between outer steps (SPEC default 50; 20 at the tiny scale)")
+
+
+class NoLoCoSection(StrictModel):
+    """NoLoCo's outer step (SPEC B.2) and group choice (SPEC B.3)."""
+
+    alpha: float = Field(0.5, ge=0, lt=1, description="outer momentum")
+    beta: float = Field(0.7, description="outer lr on the group's mean pseudo-gradient")
+    gamma: float = Field(0.7, description="pull of the slow weights toward the group's mean")
+    momentum: Literal["heavy_ball", "lookahead"] = Field(
+        "heavy_ball", description="heavy_ball: phi += delta (the reference); lookahead: phi += alpha*delta + update (Nesterov)")
+    group_size: int = Field(2, ge=1, description="n: replicas per averaging group (2 = pairs)")
+    leftover: Literal["join", "wait"] = Field(
+        "join", description="when M is not divisible by n: join = the spare replica makes the last group n+1; "
+                            "wait = it sits this outer step out (local outer step only)")
+
+
+class DiLoCoSection(StrictModel):
+    """DiLoCo's outer optimizer: SGD on the all-reduced pseudo-gradient."""
+
+    lr: float = Field(0.7, gt=0, description="outer learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1, description="outer momentum (0.9 Nesterov: the DiLoCo paper; 0.3 heavy-ball: the NoLoCo reference)")
+    nesterov: bool = Field(True, description="Nesterov (true) or heavy-ball (false) momentum")
+
+
+class ExchangeSection(StrictModel):
+    """The point-to-point exchange of NoLoCo's outer step."""
+
+    timeout_s: float = Field(60.0, gt=0, description="seconds to wait for a partner to arrive, and again for the transfer, before skipping it")
+
+
+class DataSection(StrictModel):
+    source: str = Field(
+        "builtin",
+        description="builtin (Python standard library docstrings and reference text, offline); a .txt/.jsonl/.parquet "
+                    "file, directory or glob (comma-separated for several); or hf:NAME[:CONFIG] for Hugging Face datasets streaming")
+    text_field: str = Field("text", description="field holding the text in .jsonl/.parquet files and hf datasets")
+    val_fraction: float = Field(0.03, gt=0, lt=1, description="share of documents held out for validation (local sources)")
+    hf_split: str = Field("train", description="training split (hf: sources)")
+    hf_val_split: str | None = Field(
+        None, description="validation split (hf: sources); None = hold out the first val_docs documents of the training stream")
+    hf_val_docs: int = Field(1000, ge=1, description="documents in the held-out validation set (hf: sources)")
+    hf_data_files: str | None = Field(None, description="data_files for hf: builders such as hf:json or hf:parquet")
+
+
+class LogSection(StrictModel):
+    every: int = Field(1, ge=1, description="write a per-step metrics line every L steps")
+    model_std: bool = Field(
+        True, description="at every outer step, measure the RMS deviation of replicas' weights from their mean; "
+                          "uses a collective (not part of the algorithm): turn off when workers may fail")
+    tensorboard: bool = Field(True, description="also write TensorBoard events")
+
+
+class FaultSection(StrictModel):
+    """Fault injection, to see how the swarm copes with a slow or dead replica."""
+
+    stall_rank: int | None = Field(None, ge=0, description="this rank sleeps stall_s before the outer steps listed in stall_outer_steps")
+    stall_outer_steps: list[int] = Field(default_factory=list, description="outer step numbers (1 = the first) at which stall_rank stalls")
+    stall_s: float = Field(0.0, ge=0, description="seconds of each stall")
+    exit_rank: int | None = Field(None, ge=0, description="this rank exits abruptly (status 17) at outer step exit_outer_step")
+    exit_outer_step: int | None = Field(None, ge=1)
+
+
+class TrainConfig(StrictModel):
+    """``swarmlm noloco train``: M replicas trained with NoLoCo, DiLoCo or data parallel."""
+
+    method: Method = Field("noloco", description="noloco (pair averaging), diloco (all-reduce every H steps) or ddp (all-reduce every step)")
+    nproc: int = Field(4, ge=1, description="M: replicas (local worker processes); under torchrun the world size decides")
+    out: str = Field("runs/noloco", description="output directory")
+    model: str = Field("tiny-llama", description="preset name (tiny-llama, llama-125m, llama-1.3b, llama-6.8b...), local directory or hub id")
+    steps: int = Field(300, ge=1, description="inner steps per replica")
+    seq_len: int = Field(128, ge=8, description="tokens per training sequence")
+    batch_size: int = Field(8, ge=1, description="sequences per micro-batch per replica")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per inner step")
+    seed: int = Field(0, ge=0, description="seed of the model init, the data order and the group permutations")
+    device: str = Field("auto", description="auto, cpu, cuda or mps (under torchrun on GPUs: cuda:LOCAL_RANK)")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto = bf16 autocast on GPUs that support it, float32 on CPU")
+    eval_every: int = Field(60, ge=0, description="K: validation loss and perplexity every K steps (0 = only at the end)")
+    eval_batches: int = Field(8, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
+    checkpoint_every: int = Field(100, ge=0, description="checkpoint every C steps (0 = only at the end and on Ctrl+C)")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept per rank")
+    resume: Literal["auto", "never"] | int = Field(
+        "auto", description="auto = continue from the newest checkpoint all ranks hold; never = start over; N = from step N")
+    stop_after: int | None = Field(
+        None, ge=1, description="stop (with a checkpoint) after this step; the schedule still runs to `steps`")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="process group backend for collectives (DiLoCo, DDP)")
+    progress: bool = Field(True, description="progress bar on rank 0")
+    inner: InnerSection = Field(default_factory=InnerSection)
+    outer: OuterSection = Field(default_factory=OuterSection)
+    noloco: NoLoCoSection = Field(default_factory=NoLoCoSection)
+    diloco: DiLoCoSection = Field(default_factory=DiLoCoSection)
+    exchange: ExchangeSection = Field(default_factory=ExchangeSection)
+    data: DataSection = Field(default_factory=DataSection)
+    log: LogSection = Field(default_factory=LogSection)
+    faults: FaultSection = Field(default_factory=FaultSection)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        if self.stop_after is not None and self.stop_after > self.steps:
+            raise ValueError(f"stop_after ({self.stop_after}) is past steps ({self.steps})")
+        if self.method == "noloco" and self.noloco.group_size > self.nproc and self.nproc > 1:
+            raise ValueError(f"noloco.group_size ({self.noloco.group_size}) is larger than nproc ({self.nproc})")
+        return self
