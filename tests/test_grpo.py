@@ -40,6 +40,9 @@ from swarmlm.models import build_preset, load_model  # noqa: E402
 from swarmlm.sapo.batching import TrainSample, collate, token_logprobs  # noqa: E402
 from swarmlm.sapo.grpo import group_advantages, grpo_loss, is_zero_advantage, per_token_kl  # noqa: E402
 
+# TRL and transformers deprecation notices about their own internals
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
 PROMPT_LEN = 6
 L = 4
 # three groups: mixed 0/1, all equal (zero advantage), partial credit
