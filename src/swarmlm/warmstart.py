@@ -90,7 +90,7 @@ def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        loss_value = float(loss)
+        loss_value = loss.item()
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
