@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,13 +98,28 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+class NamedSection(StrictModel):
+    """A config section that can also be given by its name alone: ``model: Qwen/Qwen2.5-0.5B`` in YAML or
+    ``--model tiny-llama`` on the command line mean ``{name: ...}`` with every other field at its default."""
+
+    name: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
 def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted name, annotation, help) for every non-model field, recursing into sub-models."""
+    """(dotted name, annotation, help) for every non-model field, recursing into sub-models.
+    A :class:`NamedSection` also gets a flag of its own, taking the name."""
     out = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
         dotted = f"{prefix}{name}"
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if issubclass(annotation, NamedSection):
+                out.append((dotted, str, f"shorthand for --{dotted}.name"))
             out.extend(_leaf_fields(annotation, dotted + "."))
             continue
         default = field.default if field.default_factory is None else field.default_factory()
@@ -148,17 +163,22 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     cursor = data
     for part in parts[:-1]:
         nxt = cursor.get(part)
+        if isinstance(nxt, str):  # a NamedSection given by its name, now refined field by field
+            nxt = {"name": nxt}
         if not isinstance(nxt, dict):
             nxt = {}
-            cursor[part] = nxt
+        cursor[part] = nxt
         cursor = nxt
+    if isinstance(cursor.get(parts[-1]), dict) and isinstance(value, str):
+        value = {**cursor[parts[-1]], "name": value}  # --model X after a YAML model section
     cursor[parts[-1]] = value
 
 
 def config_from_args(model: type[M], args: argparse.Namespace) -> M:
     """Merge defaults, the ``--config`` YAML and the command-line flags, in that order, and validate."""
     data: dict[str, Any] = load_yaml(args.config) if getattr(args, "config", None) else {}
-    for key, raw in vars(args).items():
+    # parents before children, so that ``--model X --model.device cuda`` refines the named section
+    for key, raw in sorted(vars(args).items(), key=lambda kv: kv[0].count(".")):
         if key.startswith("cfg::"):
             dotted = key[len("cfg::"):]
             value = _parse_cli_value(raw) if isinstance(raw, str) else raw

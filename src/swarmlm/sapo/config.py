@@ -6,13 +6,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from swarmlm.config import StrictModel
+from swarmlm.config import NamedSection, StrictModel
 from swarmlm.sapo.records import RecordLimits
 from swarmlm.sapo.selection import SelectionPolicy
 from swarmlm.tasks import TaskConfig
 
 
-class ModelSection(StrictModel):
+class ModelSection(NamedSection):
     name: str = Field("tiny-qwen2", description="preset name, local directory, .gguf file or Hugging Face hub id")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
