@@ -50,13 +50,10 @@ class SharingSection(StrictModel):
     limits: RecordLimits = Field(default_factory=RecordLimits)
 
 
-class SAPOConfig(StrictModel):
-    """One SAPO node's settings."""
+class SAPOSettings(StrictModel):
+    """What every SAPO run shares: the model, generation, update, sharing rules, tasks and schedule."""
 
-    local: int = Field(4, ge=1, description="I: groups from the node's own questions per round")
-    external: int = Field(4, ge=0, description="J: groups taken from other nodes per round")
     rounds: int = Field(40, ge=1, description="rounds to train")
-    seed: int = Field(0, ge=0, description="base seed; node k uses its own stream derived from it")
     eval_every: int = Field(10, ge=0, description="held-out pass@1 every E rounds (0 = only at the end)")
     checkpoint_every: int = Field(10, ge=1, description="checkpoint every C rounds (and at the end and on Ctrl+C)")
     out: str = Field("runs/sapo", description="output directory")
@@ -65,6 +62,14 @@ class SAPOConfig(StrictModel):
     grpo: GRPOSection = Field(default_factory=GRPOSection)
     sharing: SharingSection = Field(default_factory=SharingSection)
     tasks: TaskConfig = Field(default_factory=TaskConfig)
+
+
+class SAPOConfig(SAPOSettings):
+    """One SAPO node's settings."""
+
+    local: int = Field(4, ge=1, description="I: groups from the node's own questions per round")
+    external: int = Field(4, ge=0, description="J: groups taken from other nodes per round")
+    seed: int = Field(0, ge=0, description="base seed; node k uses its own stream derived from it")
 
 
 class SimulateConfig(SAPOConfig):
