@@ -26,6 +26,14 @@ class RolloutTransport(ABC):
     #: This node's identity on the transport; records it publishes carry it as ``node_id``.
     node_id: str
 
+    #: Rounds ahead of :meth:`global_round` still accepted from peers (clock skew in asynchronous swarms).
+    future_rounds: int = 0
+
+    def global_round(self, local_round: int) -> int:
+        """The swarm-wide round that records published now belong to. Lockstep transports (every node
+        in the same round) use the node's own round; an asynchronous transport has its own clock."""
+        return local_round
+
     @abstractmethod
     def publish(self, round: int, payload: bytes) -> None:
         """Make this node's message for ``round`` available to the others."""

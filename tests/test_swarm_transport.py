@@ -1,0 +1,194 @@
+"""The hivemind DHT transport on its own: real DHT peers (each a process with its p2p daemon) on loopback.
+
+Identity and peer ids, publish/collect semantics (each message once, never past the timeout, no
+wait for absent peers), the DHT-level refusals of forged and hostile writes, and joining a swarm
+whose bootstrap peer is not up yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hivemind")
+
+from swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
+
+from swarmlm.sapo.records import DropCounter  # noqa: E402
+from swarmlm.sapo.transports.hivemind_dht import (  # noqa: E402
+    HivemindTransport,
+    RoundClock,
+    check_multiaddrs,
+    load_identity,
+    owner_public_key,
+    peer_id_of_public_key,
+    round_key,
+)
+
+pytestmark = pytest.mark.slow
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def transport(directory: Path, name: str, clock: RoundClock, **kwargs) -> HivemindTransport:
+    addresses: list[str] = []
+    kwargs.setdefault("host_maddrs", LOOPBACK)
+    t = HivemindTransport(load_identity(directory / f"{name}.key"), run="test", clock=clock, staleness_rounds=2,
+                          poll_interval=0.1, on_connected=lambda peer, maddrs: addresses.extend(maddrs), **kwargs)
+    t.addresses = addresses  # type: ignore[attr-defined]
+    return t
+
+
+def test_identity_is_persistent_and_names_the_peer(tmp_path):
+    path = tmp_path / "keys" / "me.key"
+    first = load_identity(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o400  # a private key, readable by its owner only
+    again = load_identity(path)
+    assert again.peer_id == first.peer_id and again.owner_subkey == first.owner_subkey
+    # a receiver derives the same peer id from the public key in the subkey
+    assert peer_id_of_public_key(owner_public_key(first.owner_subkey)) == first.peer_id
+    other = load_identity(tmp_path / "other.key")
+    assert other.peer_id != first.peer_id
+    assert owner_public_key(b"[owner:not a key]") is None and owner_public_key("text") is None
+    (tmp_path / "bad.key").write_bytes(b"not a key")
+    with pytest.raises(ValueError, match="not an identity file"):
+        load_identity(tmp_path / "bad.key")
+    with pytest.raises(ValueError, match="expected something like /ip4/"):
+        check_multiaddrs(["/ip4/127.0.0.1/tcp/1"], need_peer_id=True, what="initial peer")
+    clock = RoundClock(round_length=10.0, epoch=1000.0)
+    assert clock.round_at(1000.0) == 0 and clock.round_at(1019.9) == 1 and clock.round_at(5.0) == 0
+
+
+def test_publish_collect_once_within_timeout(tmp_path):
+    clock = RoundClock(round_length=5.0)
+    alice = transport(tmp_path, "alice", clock)
+    bob = transport(tmp_path, "bob", clock, initial_peers=alice.addresses)
+    lone = transport(tmp_path, "lone", clock)
+    try:
+        assert alice.addresses and alice.addresses[0].endswith(f"/p2p/{alice.node_id}")  # the DHT peer id is the identity's
+        g = clock.now()
+        alice.publish(g, b"alice, round g")
+        got = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = bob.collect(g, timeout=2.0)
+        assert [(m.sender, m.round, m.payload) for m in got] == [(alice.node_id, g, b"alice, round g")]
+        # nothing new: Bob waits for Alice (heard within the window) but never past his timeout, and gets nothing twice
+        started = time.monotonic()
+        assert bob.collect(g, timeout=1.0) == []
+        assert 0.5 <= time.monotonic() - started < 3.0
+        # a new message from Alice (a later step in the same round) is new
+        alice.publish(g, b"alice again")
+        deadline = time.monotonic() + 20
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = bob.collect(g, timeout=2.0)
+        assert [m.payload for m in got] == [b"alice again"]
+        # rounds outside the staleness window are not read
+        alice.publish(g - 5, b"old")
+        assert all(m.payload != b"old" for m in bob.collect(g, timeout=0.5))
+        # a node alone never waits
+        started = time.monotonic()
+        assert lone.collect(g, timeout=5.0) == []
+        assert time.monotonic() - started < 2.0
+        stats = bob.stats()
+        assert stats["peers_seen"] == 1 and stats["dht_connected"] and stats["dht_routing_table"] >= 1
+    finally:
+        for t in (alice, bob, lone):
+            t.close()
+
+
+def test_dht_refuses_forged_and_hostile_writes(tmp_path):
+    clock = RoundClock(round_length=5.0)
+    alice = transport(tmp_path, "alice", clock, max_value_bytes=100_000)
+    bob = transport(tmp_path, "bob", clock, initial_peers=alice.addresses, max_value_bytes=100_000)
+    carol = transport(tmp_path, "carol", clock, initial_peers=alice.addresses, max_value_bytes=100_000,
+                      max_peers_per_round=3)
+    bob.drops, carol.drops = DropCounter(), DropCounter()
+    hostile = HostilePeer(tmp_path / "hostile", run="test", clock=clock, initial_peers=alice.addresses + bob.addresses,
+                          max_message_bytes=100_000)
+    try:
+        g = clock.now()
+        alice.publish(g, b"genuine")
+        time.sleep(1.0)
+        hostile.attack(victim_id=alice.node_id, victim_subkey=alice.identity.owner_subkey)
+        # illegal at the DHT level whoever signs: a key far in the future, an expiration far away
+        from hivemind.utils import get_dht_time
+
+        sybil = hostile.ids["garbage"].owner_subkey
+        hostile.dht.store(round_key("test", g + 5), b"pre-filled", get_dht_time() + 20, subkey=sybil)
+        hostile.dht.store(round_key("test", g), b"forever", get_dht_time() + 10 ** 6, subkey=sybil)
+        received = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            received += bob.collect(g, timeout=1.0)
+            wanted = {EXPECTED_REASON[k] for k in ("oversized", "not_bytes", "forged_write", "plain_value")}
+            if wanted | {"future_round", "bad_expiration"} <= set(bob.drops.counts):
+                break
+        counts = bob.drops.counts
+        for reason in ("oversized_message", "bad_message", "bad_signature", "unsigned", "future_round", "bad_expiration"):
+            assert counts[reason] > 0, (reason, dict(counts))
+        # Alice's record is intact and the only one from her: the forged write under her subkey never landed
+        from_alice = [m for m in received if m.sender == alice.node_id]
+        assert [m.payload for m in from_alice] == [b"genuine"]
+        # every sender is authenticated: it is one of the hostile's own identities, or Alice
+        hostile_ids = {ident.peer_id for ident in hostile.ids.values()}
+        assert {m.sender for m in received} <= hostile_ids | {alice.node_id}
+        # Carol reads at most max_peers_per_round senders per round; the rest are counted as a flood, once each
+        flood = carol.collect(g, timeout=2.0) + carol.collect(g, timeout=1.0)
+        senders = {m.sender for m in flood}
+        assert len(senders) <= 3 and len(senders) == len(flood)
+        readable = len(hostile.ids) - 2 + 1  # the hostile's identities but the two the DHT refuses, and Alice
+        assert carol.drops.counts["flood"] == readable - 3
+    finally:
+        hostile.close()
+        for t in (alice, bob, carol):
+            t.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_bootstrap_trains_alone_then_joins(tmp_path, caplog):
+    clock = RoundClock(round_length=5.0)
+    port = _free_port()
+    late = load_identity(tmp_path / "late.key")
+    address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{late.peer_id}"
+    caplog.set_level(logging.WARNING)
+    joiner = transport(tmp_path, "joiner", clock, initial_peers=[address], retry_initial=0.5, retry_max=2.0,
+                       startup_timeout=20.0)
+    peer = None
+    try:
+        assert not joiner.connected
+        assert any("could be reached" in r.getMessage() and address in r.getMessage() for r in caplog.records)
+        g = clock.now()
+        started = time.monotonic()
+        joiner.publish(g, b"alone")
+        assert joiner.collect(g, timeout=5.0) == []  # alone: no waiting at all
+        assert time.monotonic() - started < 1.0
+        assert joiner.stats()["dht_publish_skipped"] == 1
+        peer = transport(tmp_path, "late", clock, host_maddrs=[f"/ip4/127.0.0.1/tcp/{port}"])
+        deadline = time.monotonic() + 60
+        while not joiner.connected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert joiner.connected, "the joiner never reached the peer once it was up"
+        assert joiner.stats()["dht_bootstrap_attempts"] >= 2
+        peer.publish(clock.now(), b"hello")
+        got = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = joiner.collect(clock.now(), timeout=1.0)
+        assert [(m.sender, m.payload) for m in got] == [(late.peer_id, b"hello")]
+    finally:
+        joiner.close()
+        if peer is not None:
+            peer.close()
