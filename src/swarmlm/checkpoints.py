@@ -51,6 +51,20 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _save_model(model: torch.nn.Module, path: Path) -> None:
+    """``save_pretrained`` on every rank. Transformers >= 5 writes nothing on ranks other than 0 once
+    torch.distributed is initialised, but here each rank checkpoints its own model (NoLoCo replicas,
+    SAPO nodes), so that check is lifted for this call."""
+    if hasattr(model, "should_save_on_this_rank"):
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process  # instance attribute, removed below
+        try:
+            model.save_pretrained(path, safe_serialization=True)
+        finally:
+            del model.should_save_on_this_rank
+    else:
+        model.save_pretrained(path, safe_serialization=True)
+
+
 def save_checkpoint(directory: str | Path, step: int, *, model: torch.nn.Module | None = None, tokenizer: Any = None,
                     optimizer: torch.optim.Optimizer | None = None, state: dict[str, Any] | None = None,
                     tensors: dict[str, Any] | None = None, keep: int = 2) -> Path:
@@ -62,7 +76,7 @@ def save_checkpoint(directory: str | Path, step: int, *, model: torch.nn.Module 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     if model is not None:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
+        _save_model(model, tmp / "model")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     if optimizer is not None:

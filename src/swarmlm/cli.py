@@ -29,6 +29,8 @@ COMMANDS: list[Command] = [
             "teach a built-in preset the answer format (cached; run on demand by the SAPO commands)"),
     Command(("sapo", "simulate"), "swarmlm.sapo.config:SimulateConfig", "swarmlm.sapo.commands:simulate_command",
             "run N SAPO nodes on this machine (in-process or torch.distributed)"),
+    Command(("noloco", "train"), "swarmlm.noloco.config:TrainConfig", "swarmlm.noloco.commands:train_command",
+            "pre-train M replicas with NoLoCo (pair averaging), DiLoCo or data parallel (local workers or under torchrun)"),
     Command(("models",), "swarmlm.commands:ModelsConfig", "swarmlm.commands:models_command",
             "list the built-in model presets"),
 ]
