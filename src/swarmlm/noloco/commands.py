@@ -1,0 +1,97 @@
+"""``swarmlm noloco train``: start M local workers (or act as one under torchrun) and summarise the run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmlm.config import dump_config
+from swarmlm.metrics import read_jsonl
+from swarmlm.noloco.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer of a model spec, without building the model (presets use the byte tokenizer)."""
+    from swarmlm.models import PRESETS, build_byte_tokenizer, load_model
+
+    if spec in PRESETS:
+        return build_byte_tokenizer()
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf" or (path.is_dir() and not (path / "tokenizer_config.json").exists()
+                                  and not (path / "tokenizer.json").exists()):
+        return load_model(spec).tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def summarize(config: TrainConfig, results: dict[int, Any] | None, world: int, wall_s: float) -> dict[str, Any]:
+    """Per-rank and mean final validation figures (from the workers' results, else their metrics files);
+    written to ``DIR/summary.json``."""
+    from swarmlm.noloco.train import rank_dir
+
+    out = Path(config.out)
+    ranks = {}
+    for rank in range(world):
+        result = (results or {}).get(rank)
+        if not isinstance(result, dict):
+            rows = [r for r in read_jsonl(rank_dir(out, rank) / "metrics.jsonl") if r.get("val_loss") is not None]
+            last = rows[-1] if rows else {}
+            result = {"rank": rank, "step": last.get("step"), "val_loss": last.get("val_loss"), "val_ppl": last.get("val_ppl"),
+                      "skipped_total": last.get("skipped_total"), "from": "metrics file"}
+        ranks[f"rank-{rank}"] = result
+    losses = [r["val_loss"] for r in ranks.values() if r.get("val_loss") is not None]
+    mean_loss = sum(losses) / len(losses) if losses else None
+    summary = {
+        "method": config.method, "replicas": world, "model": config.model, "steps": config.steps,
+        "outer_every": config.outer.every if config.method != "ddp" else None,
+        "val_loss_mean": mean_loss, "val_ppl_mean_loss": math.exp(mean_loss) if mean_loss is not None else None,
+        "val_ppl_rank0": ranks.get("rank-0", {}).get("val_ppl"),
+        "wall_s": round(wall_s, 1), "ranks": ranks,
+    }
+    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def run_training(config: TrainConfig) -> dict[str, Any]:
+    """Train ``config.nproc`` replicas locally, or be one rank under torchrun; returns the summary."""
+    from swarmlm.distributed import launch_local, under_torchrun
+    from swarmlm.noloco.data import prepare
+    from swarmlm.noloco.train import worker_main
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        rank = int(os.environ["RANK"])
+        if world != config.nproc:
+            log.info("running under torchrun: %d replicas (the world size), not nproc=%d", world, config.nproc)
+            config = config.model_copy(update={"nproc": world})
+        if rank == 0:
+            dump_config(config, out / "config.yaml")
+        result = worker_main(config.model_dump_json())
+        if rank != 0:
+            return result
+        return summarize(config, {0: result}, world, time.time() - started)
+    dump_config(config, out / "config.yaml")
+    prepare(config.data, load_tokenizer(config.model))  # tokenize once here, before the workers start
+    results = launch_local(config.nproc, worker_main, config.model_dump_json())
+    return summarize(config, results, config.nproc, time.time() - started)
+
+
+def train_command(config: TrainConfig) -> int:
+    summary = run_training(config)
+    if "ranks" not in summary:  # a rank other than 0 under torchrun
+        return 0
+    print(f"{summary['method']} M={summary['replicas']} steps={summary['steps']}: "
+          f"validation loss {summary['val_loss_mean']:.4f} (mean over replicas), "
+          f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_s']}s -> {config.out}/summary.json")
+    return 0
