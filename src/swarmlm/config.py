@@ -183,7 +183,8 @@ def config_from_args(model: type[M], args: argparse.Namespace) -> M:
             dotted = key[len("cfg::"):]
             value = _parse_cli_value(raw) if isinstance(raw, str) else raw
             annotation = _field_annotation(model, tuple(dotted.split(".")))
-            if annotation is str or (typing.get_origin(annotation) is not None and str in typing.get_args(annotation)):
+            optional_str = typing.get_origin(annotation) in (typing.Union, types.UnionType) and str in typing.get_args(annotation)
+            if annotation is str or optional_str:
                 # Keep strings literal ("0012", "yes", "null") when the field wants a string.
                 value = raw if not (raw == "null" and type(None) in typing.get_args(annotation)) else None
             _set_dotted(data, dotted, value)

@@ -46,7 +46,9 @@ def cache_root() -> Path:
 
 
 def warmstart_key(config: WarmstartConfig) -> str:
-    blob = json.dumps({"v": WARMSTART_VERSION, **config.model_dump(mode="json", exclude={"out"})}, sort_keys=True)
+    # The held-out set's size does not change what the warm start learns.
+    settings = config.model_dump(mode="json", exclude={"out": True, "tasks": {"eval_size"}})
+    blob = json.dumps({"v": WARMSTART_VERSION, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
