@@ -19,6 +19,7 @@ class ModelSection(NamedSection):
     warmstart: Literal["auto", "always", "never"] = Field(
         "auto", description="supervised format warm start before RL; auto = for built-in presets only")
     warmstart_steps: int = Field(300, ge=0, description="optimizer steps of the warm start")
+    warmstart_seed: int = Field(0, ge=0, description="seed of the warm start (shared by all nodes and run seeds)")
 
 
 class GenerationSection(StrictModel):

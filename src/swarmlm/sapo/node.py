@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
     m = config.model
     if m.warmstart == "never" or (m.warmstart == "auto" and m.name not in PRESETS):
         return m.name
-    ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=config.seed)
+    ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=m.warmstart_seed)
     return str(warmstart(ws, progress=progress))
 
 
@@ -64,6 +65,7 @@ class OwnRollouts:
     gen_seconds: float
     gen_tokens: int
     transport_seconds: float = 0.0
+    global_round: int | None = None  # the swarm-wide round its records were published under
 
 
 class SAPONode:
@@ -116,7 +118,15 @@ class SAPONode:
         return tokenize_prompts(self.tokenizer, prompts, self.config.generation.max_prompt_tokens)
 
     def _score_texts(self, family: str, entry: dict[str, Any], texts: list[str]) -> list[float]:
-        return [self.tasks.score(family, extract_answer(t), entry) for t in texts]
+        scores = [self.tasks.score(family, extract_answer(t), entry) for t in texts]
+        return [s if math.isfinite(s) else 0.0 for s in scores]  # a NaN would poison the whole update
+
+    def _strip_special(self, text: str) -> str:
+        """Peer text with this tokenizer's special-token strings removed, so that no peer can inject
+        control tokens (EOS, padding, chat-template markers) into what this node trains on."""
+        for special in self.tokenizer.all_special_tokens:
+            text = text.replace(special, "")
+        return text
 
     # ------------------------------------------------------------------ round, first half
     def play(self, round: int) -> OwnRollouts:
@@ -132,24 +142,26 @@ class SAPONode:
         rewards = [self._score_texts(q.family, q.entry, gen.texts) for q, gen in zip(questions, generated)]
         own = OwnRollouts(round, questions, generated, rewards, gen_seconds,
                           gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)))
-        records = [RolloutRecord(self.node_id, round, q.family, q.question, q.answer, q.metadata, gen.texts, self.model_name)
-                   for q, gen in zip(questions, generated)]
+        own.global_round = self.transport.global_round(round)  # records are keyed by the swarm's round (SPEC A.6)
+        records = [RolloutRecord(self.node_id, own.global_round, q.family, q.question, q.answer, q.metadata, gen.texts,
+                                 self.model_name) for q, gen in zip(questions, generated)]
         started = time.perf_counter()
-        self.transport.publish(round, encode_message(records))
+        self.transport.publish(own.global_round, encode_message(records))
         own.transport_seconds = time.perf_counter() - started
         return own
 
     # ------------------------------------------------------------------ round, second half
     def collect_external(self, round: int) -> tuple[list[ScoredGroup], dict[str, Any]]:
         """Other nodes' valid records for ``round``, re-scored with this node's verifier."""
+        round = self.transport.global_round(round)
+        before = self.drops.total()  # the transport may count drops of its own while collecting
         started = time.perf_counter()
         messages = self.transport.collect(round, self.config.sharing.collect_timeout)
         seconds = time.perf_counter() - started
-        before = self.drops.total()
         pool: list[ScoredGroup] = []
         received = 0
         for msg in messages:
-            records = decode_message(msg.payload, self.config.sharing.limits, sender=msg.sender, rounds=(round - self.config.sharing.staleness_rounds, round),
+            records = decode_message(msg.payload, self.config.sharing.limits, sender=msg.sender, rounds=(round - self.config.sharing.staleness_rounds, round + self.transport.future_rounds),
                                      known_family=self.tasks.can_score, drops=self.drops)
             received += len(records)
             for rec in records:
@@ -160,6 +172,7 @@ class SAPONode:
                     continue
                 pool.append(ScoredGroup(rec, rewards))
         info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
+                "accepted_sources": dict(Counter(g.record.node_id for g in pool)),
                 "records_dropped": self.drops.total() - before, "transport_seconds": seconds, "records_received": received}
         return pool, info
 
@@ -171,10 +184,11 @@ class SAPONode:
             for ids, a in zip(gen.completion_ids, advs):
                 samples.append(TrainSample(gen.prompt_ids, with_eos(ids, eos, max_new), a))
         if external:
-            prompt_ids = self._prompt_ids([grp.record.question for grp in external])
+            prompt_ids = self._prompt_ids([self._strip_special(grp.record.question) for grp in external])
             for grp, p_ids in zip(external, prompt_ids):
                 advs = group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist()
-                comp = self.tokenizer(grp.record.completions, add_special_tokens=False)["input_ids"]
+                texts = [self._strip_special(c) for c in grp.record.completions]
+                comp = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
                 for ids, a in zip(comp, advs):
                     samples.append(TrainSample(p_ids, with_eos(ids, eos, max_new), a, external=True))
         return samples
@@ -239,17 +253,21 @@ class SAPONode:
                     loss, stats = grpo_loss(logp, old_lp, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                                             beta=cfg.beta, ref_logp=ref_lp, weights=w, num_tokens=n_tokens)
                     loss.backward()
-                    mb_loss += float(loss)
-                    clip_fracs.append(float(stats["clip_frac"]))
+                    mb_loss += loss.item()
+                    tokens = float(mask.sum())  # per-token statistics, weighted by each micro-batch's tokens
+                    clip_fracs.append((stats["clip_frac"].item(), tokens))
                     if "kl" in stats:
-                        kls.append(float(stats["kl"]))
+                        kls.append((stats["kl"].item(), tokens))
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
                 self.optimizer.step()
                 losses.append(mb_loss)
-        out = {"loss": sum(losses) / len(losses), "clip_frac": sum(clip_fracs) / len(clip_fracs),
+        def token_mean(pairs: list[tuple[float, float]]) -> float:
+            return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
+
+        out = {"loss": sum(losses) / len(losses), "clip_frac": token_mean(clip_fracs),
                "grad_norm": sum(grad_norms) / len(grad_norms)}
         if kls:
-            out["kl"] = sum(kls) / len(kls)
+            out["kl"] = token_mean(kls)
         return out
 
     @torch.no_grad()
@@ -268,7 +286,7 @@ class SAPONode:
             pool, info = self.collect_external(round)
         else:
             pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
-                              "records_received": 0}
+                              "records_received": 0, "accepted_sources": {}}
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng)
         samples = self._samples(own, chosen)
         started = time.perf_counter()
@@ -291,6 +309,8 @@ class SAPONode:
             "eval_pass1": eval_pass1,
             **train_stats,
             "external_used": len(chosen),
+            "external_sources": dict(Counter(g.record.node_id for g in chosen)),
+            "global_round": own.global_round,
             "external_pool": len(pool),
             **info,
             "transport_seconds": info["transport_seconds"] + own.transport_seconds,
@@ -302,6 +322,7 @@ class SAPONode:
             "train_seconds": train_seconds,
             "round_seconds": time.perf_counter() - round_started,
             "cumulative_reward_own": self.cumulative_reward_own,
+            **self.transport.stats(),
         }
         self.metrics.log(record)
         if round % cfg.checkpoint_every == 0 or is_last:
