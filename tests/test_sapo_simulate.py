@@ -1,0 +1,89 @@
+"""End to end: ``swarmlm sapo simulate`` as a user runs it, in real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarmlm.checkpoints import latest_checkpoint
+from swarmlm.metrics import read_jsonl
+
+REQUIRED = {"round", "reward_own", "reward_external", "loss", "tokens_per_s", "eval_pass1",
+            "records_accepted", "records_dropped", "external_used", "transport_seconds", "drops"}
+
+# Tiny but complete: a short warm start, 2 local + 2 external groups of 4 completions.
+SMALL = ["--local", "2", "--external", "2", "--model.warmstart-steps", "8", "--generation.group-size", "4",
+         "--generation.max-new-tokens", "12", "--tasks.eval-size", "8", "--sharing.collect-timeout", "60"]
+
+
+def swarmlm(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swarmlm", "--log-level", "WARNING", *args], capture_output=True,
+                          text=True, timeout=timeout, env=os.environ.copy(), **kwargs)
+
+
+def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    total = 0.0
+    for k in range(nodes):
+        node = out / f"node-{k}"
+        rows = read_jsonl(node / "metrics.jsonl")
+        assert [r["round"] for r in rows] == list(range(1, rounds + 1))
+        for r in rows:
+            assert REQUIRED <= set(r), REQUIRED - set(r)
+            assert 0.0 <= r["reward_own"] <= 1.0
+            assert r["tokens_per_s"] > 0
+            assert (r["eval_pass1"] is not None) == (r["round"] % eval_every == 0 or r["round"] == rounds)
+            # the other node's records arrived and passed validation, every round
+            assert r["records_accepted"] == 2 * (nodes - 1) and r["records_dropped"] == 0
+        assert any(f.name.startswith("events") for f in (node / "tensorboard").iterdir())
+        assert latest_checkpoint(node / "checkpoints").step == rounds
+        cum = summary["nodes"][f"node-{k}"]["cumulative_reward_own"]
+        assert cum == pytest.approx(sum(r["reward_own"] for r in rows))
+        total += cum
+    assert summary["total_cumulative_reward_own"] == pytest.approx(total)
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["in_process", "torch"])
+def test_simulate_two_nodes_share_and_log(tmp_path, transport):
+    out = tmp_path / "run"
+    res = swarmlm("sapo", "simulate", "--nodes", "2", "--rounds", "3", "--eval-every", "2", "--transport", transport,
+                  "--out", str(out), *SMALL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    check_run(out, nodes=2, rounds=3, eval_every=2)
+
+
+@pytest.mark.slow
+def test_simulate_resumes_and_ctrl_c_leaves_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    args = ["sapo", "simulate", "--nodes", "2", "--eval-every", "0", "--out", str(out), *SMALL]
+    proc = subprocess.Popen([sys.executable, "-m", "swarmlm", "--log-level", "WARNING", *args, "--rounds", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(read_jsonl(out / "node-1" / "metrics.jsonl")) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no rounds completed in time"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    done = [r["round"] for r in read_jsonl(out / "node-0" / "metrics.jsonl")]
+    assert latest_checkpoint(out / "node-0" / "checkpoints").step == done[-1]
+    assert latest_checkpoint(out / "node-1" / "checkpoints").step == done[-1]
+    # resume and finish two more rounds: no round is repeated or skipped
+    res = swarmlm("sapo", "simulate", *args[2:], "--rounds", str(done[-1] + 2))
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = check_run(out, nodes=2, rounds=done[-1] + 2, eval_every=10**9)
+    assert summary["completed"] is True
