@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swarmlm.sapo.transports.hivemind_dht import RoundClock, load_identity, round_key
+from swarmlm.sapo.transports.hivemind_dht import RoundClock, dht_class, load_identity, round_key
 
 #: kinds published under the hostile's own (validly signed) identities: they reach the node's checks
 SIGNED_KINDS = ("garbage", "oversized", "wrong_l", "forged_id", "bad_type", "stale", "future", "flood", "not_bytes")
@@ -46,7 +46,6 @@ class HostilePeer:
     """A DHT peer holding one identity per kind of attack."""
 
     def __init__(self, directory: Path, *, run: str, clock: RoundClock, initial_peers: list[str], max_message_bytes: int):
-        import hivemind
         from hivemind.dht.crypto import RSASignatureValidator
         from hivemind.dht.validation import RecordValidatorBase
 
@@ -67,14 +66,16 @@ class HostilePeer:
                         return signer.sign_value(record)
                 return record.value
 
-        self.dht = hivemind.DHT(initial_peers=initial_peers, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        # hivemind's DHT process (with swarmlm's fix for commands over 64 KB, so that it can send its oversized records)
+        self.dht = dht_class()(initial_peers=initial_peers, start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                                 record_validators=[SybilSigner()])
 
-    def attack(self, victim_id: str, victim_subkey: bytes) -> None:
-        """Publish one of each bad record for the current global round (and the two illegal writes)."""
+    def attack(self, victim_id: str, victim_subkey: bytes, round: int | None = None) -> None:
+        """Publish one of each bad record for ``round`` (default: the current global round), and the two
+        illegal writes."""
         from hivemind.utils import get_dht_time
 
-        g = self.clock.now()
+        g = self.clock.now() if round is None else round
         key = round_key(self.run, g)
         expiration = get_dht_time() + 30
         ok_completions = ["<answer>5</answer>", "<answer>4</answer>", "<answer>5</answer>", "<answer>6</answer>"]

@@ -90,6 +90,14 @@ def test_publish_collect_once_within_timeout(tmp_path):
         while not got and time.monotonic() < deadline:
             got = bob.collect(g, timeout=2.0)
         assert [m.payload for m in got] == [b"alice again"]
+        # a realistic message (hundreds of KB: 8 groups of 8 completions of 256 tokens and more) travels whole
+        big = os.urandom(700_000)
+        alice.publish(g, big)
+        deadline = time.monotonic() + 20
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = bob.collect(g, timeout=2.0)
+        assert [m.payload for m in got] == [big]
         # rounds outside the staleness window are not read
         alice.publish(g - 5, b"old")
         assert all(m.payload != b"old" for m in bob.collect(g, timeout=0.5))
@@ -117,7 +125,7 @@ def test_dht_refuses_forged_and_hostile_writes(tmp_path):
         g = clock.now()
         alice.publish(g, b"genuine")
         time.sleep(1.0)
-        hostile.attack(victim_id=alice.node_id, victim_subkey=alice.identity.owner_subkey)
+        hostile.attack(victim_id=alice.node_id, victim_subkey=alice.identity.owner_subkey, round=g)
         # illegal at the DHT level whoever signs: a key far in the future, an expiration far away
         from hivemind.utils import get_dht_time
 
@@ -192,3 +200,57 @@ def test_unreachable_bootstrap_trains_alone_then_joins(tmp_path, caplog):
         joiner.close()
         if peer is not None:
             peer.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_dht_and_p2p_daemon_die_with_a_killed_node(tmp_path):
+    """A node killed with SIGKILL must not leave its DHT process and p2p daemon behind: they would keep
+    its peer id, and the restarted node would find its own identity taken."""
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from swarmlm.sapo.transports.hivemind_dht import HivemindTransport, RoundClock, load_identity\n"
+        f"t = HivemindTransport(load_identity({str(tmp_path / 'n.key')!r}), run='t', clock=RoundClock(5.0),\n"
+        "                      staleness_rounds=1, host_maddrs=['/ip4/127.0.0.1/tcp/0'])\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        dht = _children(proc.pid)
+        daemons = [p for d in dht for p in _children(d)]
+        assert dht and daemons, "expected a DHT process with a p2p daemon under the node"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in dht + daemons) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in dht + daemons if _alive(p)], "the DHT or its p2p daemon outlived the node"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -33,6 +33,10 @@ COMMANDS: list[Command] = [
             "pre-train M replicas with NoLoCo (pair averaging), DiLoCo or data parallel (local workers or under torchrun)"),
     Command(("models",), "swarmlm.commands:ModelsConfig", "swarmlm.commands:models_command",
             "list the built-in model presets"),
+    Command(("sapo", "node"), "swarmlm.sapo.swarm_config:SwarmNodeConfig", "swarmlm.sapo.commands:node_command",
+            "run one SAPO node of a decentralized swarm over the hivemind DHT (a volunteer's command)"),
+    Command(("sapo", "swarm"), "swarmlm.sapo.swarm_config:SwarmConfig", "swarmlm.sapo.commands:swarm_command",
+            "start N SAPO node processes on this machine over loopback and follow them"),
 ]
 
 

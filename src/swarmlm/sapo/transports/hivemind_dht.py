@@ -308,8 +308,34 @@ def _kill_children_and_exit() -> None:
     os._exit(0)
 
 
-def _owned_dht_class():
-    """hivemind's DHT process, which also exits (with its p2p daemon) when the node process dies.
+class _BlockingReceiver:
+    """The DHT process's end of hivemind's command pipe, received from in blocking mode.
+
+    hivemind 1.1.12 watches that pipe with uvloop, which makes the descriptor non-blocking; a command
+    larger than the pipe's buffer (a ``store`` of a message over ~64 KB) then fails half-read with
+    EAGAIN and the DHT process drops it (and every command after it). ``recv`` is only called once the
+    pipe is readable, so a blocking read just waits for the rest of the message being written.
+    """
+
+    def __init__(self, connection):
+        self._connection = connection
+
+    def recv(self):
+        fd = self._connection.fileno()
+        was_blocking = os.get_blocking(fd)
+        os.set_blocking(fd, True)
+        try:
+            return self._connection.recv()
+        finally:
+            os.set_blocking(fd, was_blocking)
+
+    def __getattr__(self, name: str):
+        return getattr(self._connection, name)
+
+
+def dht_class():
+    """hivemind's DHT process, which also exits (with its p2p daemon) when the node process dies, and
+    which can receive commands of any size (see :class:`_BlockingReceiver`).
 
     hivemind runs the DHT in a daemonic child process, but a SIGKILLed parent never reaps it: the
     orphan would keep the node's peer id alive, and the restarted node would find its identity taken.
@@ -320,6 +346,7 @@ def _owned_dht_class():
 
     class _OwnedDHT(DHT):
         def run(self) -> None:
+            self._inner_pipe = _BlockingReceiver(self._inner_pipe)
             parent = os.getppid()
 
             def watch() -> None:
@@ -452,7 +479,7 @@ class HivemindTransport(RolloutTransport):
     # ------------------------------------------------------------------ DHT life cycle
     def _create_dht(self):
         self.counters.bootstrap_attempts += 1
-        dht = _owned_dht_class()(
+        dht = dht_class()(
             initial_peers=self.initial_peers or None, start=False, identity_path=str(self.identity.path),
             host_maddrs=self.host_maddrs, announce_maddrs=self.announce_maddrs or None,
             record_validators=self._validators, **self.dht_options)

@@ -1,0 +1,204 @@
+"""``swarmlm sapo swarm``: N ``swarmlm sapo node`` processes on this machine, over loopback, and one display.
+
+The first node starts the DHT; once it has written its address to ``OUT/node-0/peer.json`` the
+others start with it as their initial peer. Every node is an ordinary volunteer's node: its own
+process, identity, checkpoints and pace. The launcher only starts them, follows their
+``metrics.jsonl`` files with one progress bar, forwards Ctrl+C (each node then checkpoints and stops)
+and writes ``OUT/summary.json``. Node k's output, log included, is in ``OUT/node-k``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmlm.config import dump_config
+from swarmlm.interrupts import graceful_interrupt
+from swarmlm.metrics import read_jsonl
+from swarmlm.sapo.swarm_config import SwarmConfig, SwarmNodeConfig
+from swarmlm.sapo.swarm_node import node_summary
+
+log = logging.getLogger(__name__)
+
+_LAUNCHER_ONLY = {"nodes", "node_models", "node_group_sizes", "threads_per_node", "startup_wait"}
+
+
+def node_dir(out: str | Path, index: int) -> Path:
+    return Path(out) / f"node-{index}"
+
+
+def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
+    """Each node's own configuration: the swarm's options, its directory, identity, seed, model and L."""
+    base = config.model_dump(mode="json", exclude=_LAUNCHER_ONLY)
+    out = []
+    for k in range(config.nodes):
+        data = json.loads(json.dumps(base))
+        d = node_dir(config.out, k)
+        data.update(out=str(d), identity=str(d / "identity.key"), node_index=k, progress=False, watch_pid=os.getpid())
+        if data["swarm"]["start_peers"] == 0:  # start training together, not one after another
+            data["swarm"].update(start_peers=config.nodes - 1, start_wait=config.startup_wait)
+        if config.node_models:
+            data["model"]["name"] = config.node_models[k % len(config.node_models)]
+        if config.node_group_sizes:
+            data["generation"]["group_size"] = config.node_group_sizes[k % len(config.node_group_sizes)]
+        out.append(SwarmNodeConfig.model_validate(data))
+    return out
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class _Node:
+    def __init__(self, index: int, config: SwarmNodeConfig, env: dict[str, str], log_level: str):
+        self.index, self.config = index, config
+        self.dir = Path(config.out)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.yaml = self.dir / "node.yaml"
+        self.log_path = self.dir / "node.log"
+        self.env, self.log_level = env, log_level
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, initial_peers: list[str]) -> None:
+        cfg = self.config.model_copy(update={"initial_peers": list(self.config.initial_peers) + initial_peers})
+        dump_config(cfg, self.yaml)
+        cmd = [sys.executable, "-m", "swarmlm", "--log-level", self.log_level, "sapo", "node", "--config", str(self.yaml)]
+        with open(self.log_path, "ab") as fh:
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def peer_info(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.dir / "peer.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def _status(nodes: list[_Node]) -> tuple[int, dict[str, Any]]:
+    done, rewards, peers, accepted, dropped = 0, [], [], 0, 0
+    for n in nodes:
+        rows = read_jsonl(n.dir / "metrics.jsonl")
+        done += len(rows)
+        if rows:
+            rewards.append(rows[-1]["reward_own"])
+            peers.append(rows[-1].get("peers_seen", 0))
+        accepted += sum(r.get("records_accepted", 0) for r in rows)
+        dropped += sum(r.get("records_dropped", 0) for r in rows)
+    postfix = {"reward": f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+               "peers": min(peers) if peers else 0, "accepted": accepted, "dropped": dropped}
+    return done, postfix
+
+
+def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Start the nodes, follow them to the end, and summarise the run."""
+    from tqdm.auto import tqdm
+
+    from swarmlm.sapo.node import initial_model_path
+    from swarmlm.sapo.simulate import summarize
+    from swarmlm.sapo.transports.hivemind_dht import require_hivemind
+
+    require_hivemind()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(config, out / "config.yaml")
+    started = time.time()
+    configs = node_configs(config)
+    for model in {c.model.name for c in configs}:  # warm up each model once here, not N times in parallel
+        initial_model_path(next(c for c in configs if c.model.name == model), progress=progress)
+    env = dict(os.environ)
+    threads = config.threads_per_node or max(1, (os.cpu_count() or 1) // config.nodes)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, str(threads))
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    nodes = [_Node(k, c, env, level if isinstance(level, str) else "INFO") for k, c in enumerate(configs)]
+    print(f"starting {config.nodes} nodes of swarm '{config.swarm.run}' in {out} (logs: {out}/node-K/node.log)", flush=True)
+    interrupted = False
+    try:
+        with graceful_interrupt() as stop:
+            nodes[0].start([])
+            deadline = time.monotonic() + config.startup_wait
+            info = None
+            while info is None:
+                info = nodes[0].peer_info()
+                if info is None:
+                    if nodes[0].returncode is not None:
+                        raise RuntimeError(f"node 0 exited with code {nodes[0].returncode} before its DHT was up:\n"
+                                           f"{_tail(nodes[0].log_path)}")
+                    if time.monotonic() > deadline or stop.requested:
+                        raise RuntimeError(f"node 0 printed no address within {config.startup_wait:.0f}s:\n"
+                                           f"{_tail(nodes[0].log_path)}")
+                    time.sleep(0.5)
+            print(f"node 0 is {info['peer_id']} at {' '.join(info['maddrs'])}", flush=True)
+            for n in nodes[1:]:
+                n.start(list(info["maddrs"]))
+            total = config.nodes * config.rounds
+            bar = tqdm(total=total, desc=f"swarm of {config.nodes}", unit="step", disable=not progress)
+            forwarded = False
+            while True:
+                done, postfix = _status(nodes)
+                bar.update(max(0, min(done, total) - bar.n))
+                bar.set_postfix(postfix, refresh=True)
+                if stop.requested and not forwarded:
+                    interrupted = forwarded = True
+                    for n in nodes:
+                        n.signal(signal.SIGINT)  # each node checkpoints after its current step
+                if all(n.returncode is not None for n in nodes):
+                    break
+                time.sleep(1.0)
+            bar.close()
+    finally:
+        for n in nodes:
+            n.signal(signal.SIGTERM)
+        for n in nodes:
+            if n.proc is not None:
+                try:
+                    n.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    n.signal(signal.SIGKILL)
+    codes = {f"node-{n.index}": n.returncode for n in nodes}
+    for name, code in codes.items():
+        if code not in (0, 130):
+            print(f"{name} failed with exit code {code}; last lines of its log:\n{_tail(node_dir(out, int(name[5:])) / 'node.log')}",
+                  file=sys.stderr)
+    summary = summarize(out, config.nodes, wall_seconds=round(time.time() - started, 1))
+    per_node = {f"node-{k}": node_summary(node_dir(out, k)) for k in range(config.nodes)}
+    round_s = sum((s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
+    transport_s = sum((s["transport_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
+    wait_s = sum((s["transport_wait_fraction"] or 0) * (s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
+    drops: dict[str, int] = {}
+    for s in per_node.values():
+        for reason, n in s["drops"].items():
+            drops[reason] = drops.get(reason, 0) + n
+    summary.update(
+        swarm=per_node,
+        exit_codes=codes,
+        records_accepted=sum(s["records_accepted"] for s in per_node.values()),
+        records_dropped=sum(s["records_dropped"] for s in per_node.values()),
+        drops=drops,
+        transport_fraction=transport_s / round_s if round_s > 0 else None,
+        transport_wait_fraction=wait_s / round_s if round_s > 0 else None,
+        transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
+        completed=not interrupted and all(code == 0 for code in codes.values()),
+    )
+    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

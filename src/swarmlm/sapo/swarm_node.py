@@ -1,0 +1,163 @@
+"""``swarmlm sapo node``: one SAPO node of a decentralized swarm, sharing rollouts over the hivemind DHT.
+
+The node joins (or starts) the DHT, loads its model (resuming from ``OUT/checkpoints`` when it can),
+and then takes ``rounds`` training steps at its own pace. Each step publishes under the swarm's
+global round and trains on whatever other peers published within the staleness window; it never
+waits longer than ``sharing.collect_timeout``. ``OUT/peer.json`` holds the node's addresses once its
+DHT is up, and ``OUT/summary.json`` its totals at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from swarmlm.config import dump_config
+from swarmlm.interrupts import graceful_interrupt
+from swarmlm.metrics import read_jsonl
+from swarmlm.sapo.swarm_config import SwarmNodeConfig
+
+log = logging.getLogger(__name__)
+
+
+def derived_index(peer_id: str) -> int:
+    """A node index (it seeds the question stream) that differs between peers without coordination."""
+    return int(hashlib.sha256(peer_id.encode()).hexdigest()[:6], 16)
+
+
+def join_command(config: SwarmNodeConfig, maddrs: list[str]) -> str:
+    swarm = config.swarm
+    parts = ["swarmlm", "sapo", "node", "--initial-peers", f"[{', '.join(maddrs)}]", "--swarm.run", swarm.run,
+             "--swarm.round-length", f"{swarm.round_length:g}"]
+    if swarm.epoch:
+        parts += ["--swarm.epoch", f"{swarm.epoch:.3f}"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def node_summary(out: str | Path) -> dict[str, Any]:
+    """Totals of one node's ``metrics.jsonl``: rewards, records, drops by reason, transport share of round time."""
+    rows = read_jsonl(Path(out) / "metrics.jsonl")
+    round_s = sum(r.get("round_seconds") or 0.0 for r in rows)
+    transport_s = sum(r.get("transport_seconds") or 0.0 for r in rows)
+    wait_s = sum(r.get("dht_wait_seconds") or 0.0 for r in rows)
+    sources: dict[str, int] = {}
+    for r in rows:
+        for peer, n in (r.get("external_sources") or {}).items():
+            sources[peer] = sources.get(peer, 0) + n
+    evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
+    return {
+        "node_id": rows[-1].get("node") if rows else None,
+        "rounds": len(rows),
+        "cumulative_reward_own": sum(r["reward_own"] for r in rows),
+        "final_eval_pass1": evals[-1] if evals else None,
+        "records_received": sum(r.get("records_received", 0) for r in rows),
+        "records_accepted": sum(r.get("records_accepted", 0) for r in rows),
+        "records_dropped": sum(r.get("records_dropped", 0) for r in rows),
+        "drops": rows[-1].get("drops", {}) if rows else {},
+        "external_used": sum(r.get("external_used", 0) for r in rows),
+        "external_sources": sources,
+        "peers_seen": max((r.get("peers_seen", 0) for r in rows), default=0),
+        "round_seconds_mean": round_s / len(rows) if rows else None,
+        "transport_seconds_mean": transport_s / len(rows) if rows else None,
+        "transport_fraction": transport_s / round_s if round_s > 0 else None,
+        # of which: waiting for peers that had not published yet, and the DHT's own work (publish, reads)
+        "transport_wait_fraction": wait_s / round_s if round_s > 0 else None,
+        "transport_io_fraction": (transport_s - wait_s) / round_s if round_s > 0 else None,
+    }
+
+
+def run_node(config: SwarmNodeConfig) -> dict[str, Any]:
+    """Run one node to ``config.rounds`` steps (resuming what ``config.out`` holds); returns its summary."""
+    from tqdm.auto import tqdm
+
+    from swarmlm.sapo.node import SAPONode, initial_model_path
+    from swarmlm.sapo.transports.hivemind_dht import HivemindTransport, RoundClock, load_identity
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    identity = load_identity(config.identity or out / "identity.key")
+    index = config.node_index if config.node_index is not None else derived_index(identity.peer_id)
+    dump_config(config, out / "config.yaml")
+    swarm = config.swarm
+    clock = RoundClock(swarm.round_length, swarm.epoch)
+
+    def on_connected(peer_id: str, maddrs: list[str]) -> None:
+        _write_json(out / "peer.json", {"peer_id": peer_id, "maddrs": maddrs, "run": swarm.run,
+                                        "round_length": swarm.round_length, "epoch": swarm.epoch,
+                                        "join": join_command(config, maddrs) if maddrs else None})
+        lines = [f"swarmlm node {peer_id} is in swarm '{swarm.run}' (global round {clock.now()})"]
+        if maddrs:
+            lines += ["listening on:", *(f"  {m}" for m in maddrs),
+                      "other machines join with (use an address they can reach):", f"  {join_command(config, maddrs)}"]
+        print("\n".join(lines), flush=True)
+
+    transport = HivemindTransport(
+        identity, run=swarm.run, clock=clock, staleness_rounds=config.sharing.staleness_rounds,
+        initial_peers=config.initial_peers, host_maddrs=config.host_maddrs, announce_maddrs=config.announce_maddrs,
+        max_value_bytes=config.sharing.limits.max_message_bytes, max_peers_per_round=swarm.max_peers_per_round,
+        poll_interval=swarm.poll_interval, wait_for_peers=swarm.wait_for_peers, startup_timeout=swarm.startup_timeout,
+        retry_initial=swarm.retry_initial, retry_max=swarm.retry_max, on_connected=on_connected)
+    completed = False
+    started = time.time()
+    try:
+        initial = initial_model_path(config, progress=config.progress)
+        node = SAPONode(config, index, transport, out, initial)
+        transport.drops = node.drops  # the DHT's refusals are counted with the node's own drops
+        if swarm.start_peers > 0 and node.round < config.rounds:
+            known = transport.await_peers(swarm.start_peers, swarm.start_wait)
+            if known < swarm.start_peers:
+                log.warning("starting with %d known peer(s) of the %d awaited", known, swarm.start_peers)
+        try:
+            bar = tqdm(range(node.round + 1, config.rounds + 1), desc=f"node {identity.peer_id[-6:]}", unit="step",
+                       initial=node.round, total=config.rounds, disable=not config.progress)
+            with graceful_interrupt() as stop:
+                for step in bar:
+                    record = node.run_round(step)
+                    bar.set_postfix(reward=f"{record['reward_own']:.3f}", peers=record.get("peers_heard", 0),
+                                    accepted=record.get("records_accepted", 0), dropped=record.get("records_dropped", 0))
+                    parent_gone = config.watch_pid is not None and not _alive(config.watch_pid)
+                    if parent_gone:
+                        log.warning("process %d is gone; stopping", config.watch_pid)
+                    if (stop.requested or parent_gone) and step < config.rounds:
+                        node.checkpoint()
+                        break
+            completed = node.round >= config.rounds
+        finally:
+            node.close()
+    finally:
+        transport.close()
+    summary = node_summary(out) | {"completed": completed, "wall_seconds": round(time.time() - started, 1)}
+    _write_json(out / "summary.json", summary)
+    return summary
+
+
+def node_command_result(summary: dict[str, Any], out: str) -> int:
+    keep = ("node_id", "rounds", "cumulative_reward_own", "final_eval_pass1", "records_accepted", "records_dropped",
+            "drops", "peers_seen", "transport_fraction", "transport_wait_fraction", "transport_io_fraction", "completed",
+            "wall_seconds")
+    print(json.dumps({k: summary.get(k) for k in keep}, indent=1), file=sys.stdout)
+    print(f"metrics: {out}/metrics.jsonl, summary: {out}/summary.json")
+    return 0 if summary.get("completed") else 130
