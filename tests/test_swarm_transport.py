@@ -254,3 +254,33 @@ def test_dht_and_p2p_daemon_die_with_a_killed_node(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_isolated_peer_rejoins_a_restarted_bootstrap_peer(tmp_path):
+    """The bootstrap peer goes down and comes back at the same address: the peer that lost every neighbour
+    asks its initial peers again (with back-off) and the two share records again."""
+    clock = RoundClock(round_length=5.0)
+    port = _free_port()
+    host = [f"/ip4/127.0.0.1/tcp/{port}"]
+    first = transport(tmp_path, "first", clock, host_maddrs=host)
+    other = transport(tmp_path, "other", clock, initial_peers=first.addresses, retry_initial=0.5, retry_max=2.0)
+    try:
+        first.publish(clock.now(), b"before")
+        assert [m.payload for m in other.collect(clock.now(), timeout=3.0)] == [b"before"]
+        first.close()
+        deadline = time.monotonic() + 30
+        while other.stats()["dht_rejoin_attempts"] == 0 and time.monotonic() < deadline:
+            other.collect(clock.now(), timeout=0.5)
+            time.sleep(0.2)
+        assert other.stats()["dht_routing_table"] == 0 and other.stats()["dht_rejoin_attempts"] >= 1
+        first = transport(tmp_path, "first", clock, host_maddrs=host)  # same identity file, same address
+        got: list = []
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            first.publish(clock.now(), b"after")
+            got = [m.payload for m in other.collect(clock.now(), timeout=1.0)]
+            time.sleep(0.2)
+        assert got and set(got) == {b"after"}
+    finally:
+        first.close()
+        other.close()

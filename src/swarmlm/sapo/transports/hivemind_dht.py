@@ -294,6 +294,21 @@ async def _routing_table_size(_dht, node) -> int:
     return len(node.protocol.routing_table.uid_to_peer_id)
 
 
+async def _rejoin(_dht, node, peer_ids: list[str]) -> int:
+    """Run inside the DHT process of a peer that lost every neighbour: ping the initial peers again (libp2p
+    still knows their addresses) and, if one answers, look up this peer's neighbourhood anew."""
+    import asyncio
+
+    from hivemind.p2p import PeerID
+
+    answers = await asyncio.gather(*(node.protocol.call_ping(PeerID.from_base58(p)) for p in peer_ids),
+                                   return_exceptions=True)
+    answered = sum(1 for a in answers if a is not None and not isinstance(a, BaseException))
+    if answered:
+        await node.find_nearest_nodes([node.node_id])
+    return answered
+
+
 # ---------------------------------------------------------------------------------------------- DHT process
 def _kill_children_and_exit() -> None:
     """The node process is gone: take this process's children (the p2p daemon) down, then exit."""
@@ -406,6 +421,7 @@ class _Counters:
     get_errors: int = 0
     dht_rejected: int = 0
     bootstrap_attempts: int = 0
+    rejoin_attempts: int = 0
     routing_table: int = 0
     last_collect_messages: int = 0
 
@@ -464,6 +480,7 @@ class HivemindTransport(RolloutTransport):
         self._retry_thread: threading.Thread | None = None
         self._last_error = ""
         self._last_io = self._last_wait = 0.0  # the last collect: seconds reading the DHT, seconds waiting for peers
+        self._next_rejoin, self._rejoin_delay = 0.0, 0.0
         try:
             dht = self._create_dht()
         except BootstrapError as err:
@@ -605,7 +622,8 @@ class HivemindTransport(RolloutTransport):
                 "dht_connected": self.connected, "peers_seen": len(self._peers_seen), "dht_routing_table": c.routing_table,
                 "dht_published": c.published, "dht_publish_skipped": c.publish_skipped,
                 "dht_publish_failures": c.publish_failures, "dht_get_timeouts": c.get_timeouts,
-                "dht_rejected": c.dht_rejected, "dht_bootstrap_attempts": c.bootstrap_attempts}
+                "dht_rejected": c.dht_rejected, "dht_bootstrap_attempts": c.bootstrap_attempts,
+                "dht_rejoin_attempts": c.rejoin_attempts}
 
     # ------------------------------------------------------------------ internals
     def _reap_stores(self) -> None:
@@ -631,10 +649,29 @@ class HivemindTransport(RolloutTransport):
             log.debug("could not read the DHT's counters: %s", err)
             return
         self.counters.routing_table = table
+        if table > 0:
+            self._rejoin_delay = 0.0
+        elif self.initial_peers:
+            self._maybe_rejoin(dht)
         for reason, n in counts.items():
             self.drops.counts[reason] += n
             self.counters.dht_rejected += n
             log.warning("the DHT refused %d record(s) from peers: %s", n, reason)
+
+    def _maybe_rejoin(self, dht) -> None:
+        """Every neighbour is gone (they left, or the bootstrap peer restarted): ask the initial peers again,
+        without waiting for the answer, at most once per back-off period."""
+        now = time.monotonic()
+        if now < self._next_rejoin:
+            return
+        self._rejoin_delay = min(self._rejoin_delay * 2, self.retry_max) if self._rejoin_delay else self.retry_initial
+        self._next_rejoin = now + self._rejoin_delay
+        log.warning("this peer knows no other peer; asking the initial peers again (next try in %gs)", self._rejoin_delay)
+        from hivemind.utils.multiaddr import Multiaddr
+
+        peer_ids = [Multiaddr(a)["p2p"] for a in self.initial_peers]
+        dht.run_coroutine(partial(_rejoin, peer_ids=peer_ids), return_future=True)
+        self.counters.rejoin_attempts += 1
 
     def _forget_before(self, first: int) -> None:
         for table in (self._seen, self._flooded, self._overflow):
