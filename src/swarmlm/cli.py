@@ -31,6 +31,8 @@ COMMANDS: list[Command] = [
             "run N SAPO nodes on this machine (in-process or torch.distributed)"),
     Command(("noloco", "train"), "swarmlm.noloco.config:TrainConfig", "swarmlm.noloco.commands:train_command",
             "pre-train M replicas with NoLoCo (pair averaging), DiLoCo or data parallel (local workers or under torchrun)"),
+    Command(("sapo", "experiment"), "swarmlm.sapo.experiment:ExperimentConfig", "swarmlm.sapo.commands:experiment_command",
+            "the SAPO paper's sharing experiment: I/J configurations x seeds, with table and plots"),
     Command(("models",), "swarmlm.commands:ModelsConfig", "swarmlm.commands:models_command",
             "list the built-in model presets"),
     Command(("sapo", "node"), "swarmlm.sapo.swarm_config:SwarmNodeConfig", "swarmlm.sapo.commands:node_command",

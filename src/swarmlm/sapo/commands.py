@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from swarmlm.sapo.config import SimulateConfig
+from swarmlm.sapo.experiment import ExperimentConfig
 from swarmlm.sapo.swarm_config import SwarmConfig, SwarmNodeConfig
 
 
@@ -19,6 +21,16 @@ def simulate_command(config: SimulateConfig) -> int:
         }, indent=1))
         print(f"metrics: {config.out}/node-*/metrics.jsonl, summary: {config.out}/summary.json")
     return 0 if summary.get("completed", True) else 130
+
+
+def experiment_command(config: ExperimentConfig) -> int:
+    """``swarmlm sapo experiment``: every I/J configuration over several seeds, then a table and plots."""
+    from swarmlm.sapo.experiment import run_experiment
+
+    results = run_experiment(config)
+    print((Path(config.out) / "results.md").read_text())
+    print(f"results: {config.out}/results.json, plots: {config.out}/reward.png, {config.out}/eval.png")
+    return 0 if results else 1
 
 
 def node_command(config: SwarmNodeConfig) -> int:

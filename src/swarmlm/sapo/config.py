@@ -40,6 +40,8 @@ class GRPOSection(StrictModel):
     num_minibatches: int = Field(1, ge=1, description="optimizer steps per pass")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (memory only)")
     max_grad_norm: float = Field(1.0, gt=0)
+    format_reward: float = Field(0.0, ge=0, description="bonus added to the training reward of completions with an "
+                                 "<answer>…</answer> span (0 = off, as in the paper); never part of reward_own")
     external_weight: Literal["none", "truncated"] = Field(
         "none", description="importance weight for external completions (none = the reference behaviour)")
 

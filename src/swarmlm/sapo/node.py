@@ -121,6 +121,13 @@ class SAPONode:
         scores = [self.tasks.score(family, extract_answer(t), entry) for t in texts]
         return [s if math.isfinite(s) else 0.0 for s in scores]  # a NaN would poison the whole update
 
+    def _training_rewards(self, texts: list[str], scores: list[float]) -> list[float]:
+        """The rewards the update sees: the task scores, plus ``grpo.format_reward`` for a well-formed answer."""
+        bonus = self.config.grpo.format_reward
+        if bonus == 0:
+            return scores
+        return [s + bonus * (extract_answer(t) is not None) for t, s in zip(texts, scores)]
+
     def _strip_special(self, text: str) -> str:
         """Peer text with this tokenizer's special-token strings removed, so that no peer can inject
         control tokens (EOS, padding, chat-template markers) into what this node trains on."""
@@ -166,11 +173,11 @@ class SAPONode:
             received += len(records)
             for rec in records:
                 try:
-                    rewards = self._score_texts(rec.family, rec.entry, rec.completions)
+                    scores = self._score_texts(rec.family, rec.entry, rec.completions)
                 except Exception as err:  # a peer's metadata our verifier cannot use
                     self.drops.drop("unscorable", msg.sender, f"{type(err).__name__}: {str(err)[:60]}")
                     continue
-                pool.append(ScoredGroup(rec, rewards))
+                pool.append(ScoredGroup(rec, self._training_rewards(rec.completions, scores), scores))
         info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
                 "accepted_sources": dict(Counter(g.record.node_id for g in pool)),
                 "records_dropped": self.drops.total() - before, "transport_seconds": seconds, "records_received": received}
@@ -179,7 +186,8 @@ class SAPONode:
     def _samples(self, own: OwnRollouts, external: list[ScoredGroup]) -> list[TrainSample]:
         eos, max_new = self.tokenizer.eos_token_id, self.config.generation.max_new_tokens
         samples = []
-        own_adv = group_advantages(torch.tensor(own.rewards, dtype=torch.float64)).tolist() if own.rewards else []
+        own_rewards = [self._training_rewards(gen.texts, r) for gen, r in zip(own.generated, own.rewards)]
+        own_adv = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).tolist() if own_rewards else []
         for gen, advs in zip(own.generated, own_adv):
             for ids, a in zip(gen.completion_ids, advs):
                 samples.append(TrainSample(gen.prompt_ids, with_eos(ids, eos, max_new), a))
@@ -304,8 +312,8 @@ class SAPONode:
             "round": round,
             "node": self.node_id,
             "reward_own": reward_own,
-            "reward_external": (sum(g.mean_reward for g in chosen) / len(chosen)) if chosen else None,
-            "reward_external_pool": (sum(g.mean_reward for g in pool) / len(pool)) if pool else None,
+            "reward_external": (sum(g.mean_score for g in chosen) / len(chosen)) if chosen else None,
+            "reward_external_pool": (sum(g.mean_score for g in pool) / len(pool)) if pool else None,
             "eval_pass1": eval_pass1,
             **train_stats,
             "external_used": len(chosen),

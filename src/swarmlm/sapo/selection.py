@@ -17,11 +17,17 @@ class ScoredGroup:
     """An external record, re-scored with the receiving node's own verifier."""
 
     record: RolloutRecord
-    rewards: list[float]
+    rewards: list[float]  # what the update trains on (the task score, plus any format bonus)
+    scores: list[float] | None = None  # the task's own scores, when they differ from ``rewards``
 
     @property
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards)
+
+    @property
+    def mean_score(self) -> float:
+        scores = self.rewards if self.scores is None else self.scores
+        return sum(scores) / len(scores)
 
 
 def select_external(pool: list[ScoredGroup], j: int, policy: SelectionPolicy, rng: random.Random) -> list[ScoredGroup]:

@@ -1,0 +1,189 @@
+"""Tables and plots of the sharing experiment: ``results.json``, ``results.md``, ``reward.png``, ``eval.png``.
+
+The headline numbers are the reward of each node's **own** completions (summed over nodes and rounds)
+and the held-out pass@1 at the end, never a batch mean that includes the filtered external groups.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Two-sided 95% Student-t quantiles by degrees of freedom (1..30); beyond that the normal 1.96.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def mean_ci(values: list[float]) -> tuple[float, float | None]:
+    """Mean and the half-width of its 95% confidence interval (t distribution); None for one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    t = _T95[n - 2] if n - 2 < len(_T95) else 1.96
+    return mean, t * sd / math.sqrt(n)
+
+
+def moving_average(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average, shorter at the start (no values are dropped)."""
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - window)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def _run_numbers(nodes: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    finals = []
+    for rows in nodes:
+        evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
+        if evals:
+            finals.append(evals[-1])
+    ext = [r["reward_external"] for rows in nodes for r in rows if r.get("reward_external") is not None]
+    return {
+        "cumulative_reward_own": sum(r["reward_own"] for rows in nodes for r in rows),
+        "final_eval_pass1": sum(finals) / len(finals) if finals else None,
+        "mean_reward_external_used": sum(ext) / len(ext) if ext else None,
+        "rounds": min((len(rows) for rows in nodes), default=0),
+    }
+
+
+def _fmt(mean: float | None, ci: float | None, digits: int = 2) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.{digits}f}" + (f" ± {ci:.{digits}f}" if ci is not None else "")
+
+
+def _pct(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{(ratio - 1) * 100:+.0f}%"
+
+
+def summarize(config, runs: dict[tuple[str, int], list[list[dict[str, Any]]]], paper: dict[str, float]) -> dict[str, Any]:
+    baseline = config.configurations[0]
+    table: dict[str, Any] = {}
+    for c in config.configurations:
+        per_seed = {}
+        for s in config.seeds:
+            numbers = _run_numbers(runs[(c, s)])
+            base = _run_numbers(runs[(baseline, s)])["cumulative_reward_own"]
+            numbers["ratio_to_baseline"] = numbers["cumulative_reward_own"] / base if base > 0 else None
+            per_seed[str(s)] = numbers
+        cum = mean_ci([v["cumulative_reward_own"] for v in per_seed.values()])
+        ratios = [v["ratio_to_baseline"] for v in per_seed.values() if v["ratio_to_baseline"] is not None]
+        evals = [v["final_eval_pass1"] for v in per_seed.values() if v["final_eval_pass1"] is not None]
+        table[c] = {
+            "seeds": per_seed,
+            "cumulative_reward_own": {"mean": cum[0], "ci95": cum[1]},
+            "ratio_to_baseline": dict(zip(("mean", "ci95"), mean_ci(ratios))) if ratios else None,
+            "final_eval_pass1": dict(zip(("mean", "ci95"), mean_ci(evals))) if evals else None,
+            "paper_cumulative_reward": paper.get(c),
+            "paper_ratio_to_baseline": paper[c] / paper[baseline] if c in paper and baseline in paper else None,
+        }
+    return {"baseline": baseline, "configurations": table}
+
+
+def write_markdown(config, results: dict[str, Any], path: Path) -> None:
+    base = results["baseline"]
+    lines = [
+        f"Sharing experiment: {config.nodes} nodes, {config.rounds} rounds, model `{config.model.name}`, "
+        f"L = {config.generation.group_size}, tasks `{config.tasks.preset if not config.tasks.families else 'custom'}`, "
+        f"seeds {', '.join(map(str, config.seeds))} (mean ± 95% CI over seeds).",
+        "",
+        f"| I / J | cumulative own reward | vs {base} | final held-out pass@1 | paper: cumulative reward | paper: vs {base} |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c, row in results["configurations"].items():
+        ratio = row["ratio_to_baseline"]
+        ev = row["final_eval_pass1"]
+        ratio_txt = "—" if c == base or ratio is None else (
+            _pct(ratio["mean"]) + (f" ± {ratio['ci95'] * 100:.0f}%" if ratio["ci95"] is not None else ""))
+        paper_cum = row["paper_cumulative_reward"]
+        lines.append(
+            f"| {c} | {_fmt(row['cumulative_reward_own']['mean'], row['cumulative_reward_own']['ci95'])} | {ratio_txt} | "
+            f"{_fmt(ev['mean'] if ev else None, ev['ci95'] if ev else None, 3)} | "
+            f"{'—' if paper_cum is None else f'{paper_cum:.2f}'} | "
+            f"{'—' if c == base else _pct(row['paper_ratio_to_baseline'])} |")
+    lines += ["", "Cumulative own reward: the mean reward of each node's own completions, summed over nodes and rounds. "
+              "The paper's column is over 8 nodes × 2000 rounds of Qwen2.5-0.5B, so only the ratios compare."]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _curves(runs, config, configuration: str, key: str) -> np.ndarray:
+    """[seeds, nodes, rounds] of ``key`` (NaN where missing)."""
+    out = np.full((len(config.seeds), config.nodes, config.rounds), np.nan)
+    for si, s in enumerate(config.seeds):
+        for k, rows in enumerate(runs[(configuration, s)]):
+            for r in rows:
+                if r.get(key) is not None and 1 <= r["round"] <= config.rounds:
+                    out[si, k, r["round"] - 1] = r[key]
+    return out
+
+
+def plot_reward(config, runs, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(config.configurations)
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), sharey=True, squeeze=False)
+    rounds = np.arange(1, config.rounds + 1)
+    for ax, c in zip(axes[0], config.configurations):
+        per_node = np.nanmean(_curves(runs, config, c, "reward_own"), axis=0)  # [nodes, rounds], mean over seeds
+        smooth = np.stack([moving_average(np.nan_to_num(row), config.smoothing) for row in per_node])
+        ax.fill_between(rounds, smooth.min(axis=0), smooth.max(axis=0), alpha=0.25, label="min–max over nodes")
+        ax.plot(rounds, smooth.mean(axis=0), lw=1.8, label="mean over nodes")
+        ax.set_title(f"I/J = {c}")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"own reward ({config.smoothing}-round moving average)")
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"SAPO: reward of each node's own completions ({config.nodes} nodes, mean over {len(config.seeds)} seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_eval(config, runs, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for c in config.configurations:
+        curves = _curves(runs, config, c, "eval_pass1")  # [seeds, nodes, rounds]
+        have = ~np.all(np.isnan(curves), axis=(0, 1))
+        if not have.any():
+            continue
+        x = np.arange(1, config.rounds + 1)[have]
+        per_seed = np.nanmean(curves[:, :, have], axis=1)  # mean over nodes
+        mean = np.nanmean(per_seed, axis=0)
+        ax.plot(x, mean, marker="o", ms=3, label=f"{c}")
+        if per_seed.shape[0] > 1:
+            ax.fill_between(x, np.nanmin(per_seed, axis=0), np.nanmax(per_seed, axis=0), alpha=0.15)
+    ax.set_xlabel("round")
+    ax.set_ylabel("held-out pass@1 (greedy)")
+    ax.set_title("Held-out pass@1, mean over nodes (band: range over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(title="I / J")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(config, runs, paper: dict[str, float], wall_seconds: float | None = None) -> dict[str, Any]:
+    out = Path(config.out)
+    results = summarize(config, runs, paper)
+    results["settings"] = {"nodes": config.nodes, "rounds": config.rounds, "model": config.model.name,
+                           "group_size": config.generation.group_size, "seeds": config.seeds}
+    results["wall_seconds"] = wall_seconds
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_markdown(config, results, out / "results.md")
+    plot_reward(config, runs, out / "reward.png")
+    plot_eval(config, runs, out / "eval.png")
+    return results
