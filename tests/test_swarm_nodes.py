@@ -44,6 +44,8 @@ TINY = ["--local", "2", "--external", "2", "--generation.group-size", "4", "--ge
         "--swarm.round-length", str(ROUND_LENGTH), "--sharing.staleness-rounds", str(STALENESS),
         "--sharing.collect-timeout", str(COLLECT_TIMEOUT), "--swarm.poll-interval", "0.25",
         "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--progress", "false", "--rounds", "500"]
+# the churn scenario also waits for live peers (bounded by the timeout), the harder case for a dead peer
+WAIT = ["--swarm.wait-for-peers", "true"]
 
 
 class Node:
@@ -131,9 +133,10 @@ def churn(tmp_path_factory, warm_model):
     """Run the churn scenario once; return what the tests check."""
     base = tmp_path_factory.mktemp("swarm")
     run = f"churn-{uuid.uuid4().hex[:8]}"
-    qwen = ["--model.name", warm_model, "--model.warmstart", "never"]
+    qwen = ["--model.name", warm_model, "--model.warmstart", "never", *WAIT]
     a, b, c = (Node(base / name, run, *qwen) for name in "abc")
-    d = Node(base / "d", run, "--model.name", "tiny-llama", "--model.warmstart", "never", "--generation.group-size", "6")
+    d = Node(base / "d", run, "--model.name", "tiny-llama", "--model.warmstart", "never", "--generation.group-size", "6",
+             *WAIT)
     everyone = [a, b, c, d]
     facts: dict = {"nodes": {"a": a, "b": b, "c": c, "d": d}}
     started = time.monotonic()
@@ -154,8 +157,14 @@ def churn(tmp_path_factory, warm_model):
         assert ckpt is not None
         facts["c_checkpoint"] = ckpt.step
         facts["c_rows_before"] = c.rows()
-        wait_for(lambda: all(len(n.rows()) >= facts["rows_at_kill"][k] + 6 for k, n in (("a", a), ("b", b))), 120,
-                 "6 more steps on A and B after C died", [a, b])
+        past_window = facts["killed_at"] + STALENESS * ROUND_LENGTH + ROUND_LENGTH
+
+        def survived() -> bool:  # 6 more steps each, of which 2 begun after C's records left the staleness window
+            return all(len(n.rows()) >= facts["rows_at_kill"][k] + 6
+                       and sum(r["global_round"] * ROUND_LENGTH > past_window for r in n.rows()) >= 2
+                       for k, n in (("a", a), ("b", b)))
+
+        wait_for(survived, 120, "A and B to go on after C died", [a, b])
         # phase 3: a late joiner through B, and C back through A
         facts["rejoin_at"] = time.time()
         d.start(b.peer()["maddrs"])

@@ -68,8 +68,8 @@ def test_identity_is_persistent_and_names_the_peer(tmp_path):
 def test_publish_collect_once_within_timeout(tmp_path):
     clock = RoundClock(round_length=5.0)
     alice = transport(tmp_path, "alice", clock)
-    bob = transport(tmp_path, "bob", clock, initial_peers=alice.addresses)
-    lone = transport(tmp_path, "lone", clock)
+    bob = transport(tmp_path, "bob", clock, initial_peers=alice.addresses, wait_for_peers=True)
+    lone = transport(tmp_path, "lone", clock, wait_for_peers=True)
     try:
         assert alice.addresses and alice.addresses[0].endswith(f"/p2p/{alice.node_id}")  # the DHT peer id is the identity's
         g = clock.now()

@@ -25,9 +25,9 @@ class SwarmSection(StrictModel):
     epoch: float = Field(0.0, ge=0, description="unix time at which global round 0 starts; the same on every node")
     staleness_seconds: float | None = Field(None, ge=0, description=(
         "accept records up to this many seconds old; sets sharing.staleness_rounds = ceil(seconds / round_length)"))
-    wait_for_peers: bool = Field(True, description=(
+    wait_for_peers: bool = Field(False, description=(
         "while collecting, wait (at most sharing.collect_timeout) for peers heard within the staleness window "
-        "to publish something new; false = take what is there and go"))
+        "to publish something new (fresher records, slower rounds); false = take what has arrived and go"))
     poll_interval: float = Field(0.5, gt=0, description="seconds between reads of the DHT while collecting")
     max_peers_per_round: int = Field(256, ge=1, description="most peers' messages read per round (beyond: dropped as flood)")
     startup_timeout: float = Field(60.0, gt=0, description="seconds to wait for the DHT to start and reach a peer")

@@ -433,8 +433,10 @@ class HivemindTransport(RolloutTransport):
     ``collect(g, timeout)`` reads the keys of rounds ``g - staleness_rounds … g + 1`` and returns every
     other peer's message it has not returned before (each peer's message at most once). With
     ``wait_for_peers`` it keeps polling, until the timeout at most, while a peer that published within
-    the staleness window has not yet published anything new; a peer silent for the whole window is no
-    longer waited for, and with no such peer (a lone node) it returns at once.
+    the staleness window has not yet published anything new and is due to (its last message is less
+    than two of its usual intervals old). A peer that stopped is waited for during two of its
+    intervals at most, one silent for the whole window is forgotten, and with no such peer (a lone
+    node) ``collect`` returns at once.
 
     Without reachable initial peers the node trains alone: ``publish`` skips, ``collect`` returns
     nothing, and a background thread retries with exponential back-off until a peer answers.
@@ -445,7 +447,7 @@ class HivemindTransport(RolloutTransport):
     def __init__(self, identity: Identity, *, run: str, clock: RoundClock, staleness_rounds: int,
                  initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
                  announce_maddrs: Sequence[str] = (), max_value_bytes: int = 2_000_000, max_peers_per_round: int = 256,
-                 poll_interval: float = 0.5, wait_for_peers: bool = True, startup_timeout: float = 60.0,
+                 poll_interval: float = 0.5, wait_for_peers: bool = False, startup_timeout: float = 60.0,
                  retry_initial: float = 2.0, retry_max: float = 60.0,
                  on_connected: Callable[[str, list[str]], None] | None = None, dht_options: dict | None = None):
         require_hivemind()
@@ -472,6 +474,8 @@ class HivemindTransport(RolloutTransport):
         self._flooded: dict[int, set[str]] = {}  # round -> senders refused for the per-round cap
         self._overflow: dict[int, int] = {}  # round -> entries beyond what is even looked at
         self._live: dict[str, int] = {}  # sender -> newest round it published in (within the window)
+        self._last_new: dict[str, float] = {}  # sender -> when its newest message was first seen (monotonic)
+        self._interval: dict[str, float] = {}  # sender -> running mean of the time between its messages
         self._peers_seen: set[str] = set()
         self._pending_stores: list[Any] = []
         self._dht = None
@@ -607,7 +611,8 @@ class HivemindTransport(RolloutTransport):
             out.extend(self._poll(dht, rounds, deadline, heard))
             if not self.wait_for_peers:
                 break
-            waiting = [p for p, r in self._live.items() if r >= first and p not in heard]
+            now = time.monotonic()
+            waiting = [p for p, r in self._live.items() if r >= first and p not in heard and self._due(p, now)]
             if not waiting or time.monotonic() + self.poll_interval >= deadline:
                 break
             time.sleep(self.poll_interval)
@@ -673,12 +678,30 @@ class HivemindTransport(RolloutTransport):
         dht.run_coroutine(partial(_rejoin, peer_ids=peer_ids), return_future=True)
         self.counters.rejoin_attempts += 1
 
+    def _due(self, peer: str, now: float) -> bool:
+        """Whether ``peer`` is expected to publish soon: its last new message is less than two of its usual
+        intervals old. A peer that stopped (finished, killed, partitioned) is then waited for during two of
+        its intervals at most, not for the whole staleness window."""
+        last = self._last_new.get(peer)
+        return last is not None and now - last < 2.0 * self._interval.get(peer, self.clock.round_length)
+
+    def _heard_new(self, peer: str) -> None:
+        now = time.monotonic()
+        last = self._last_new.get(peer)
+        if last is not None:
+            gap = now - last
+            old = self._interval.get(peer)
+            self._interval[peer] = gap if old is None else 0.7 * old + 0.3 * gap
+        self._last_new[peer] = now
+
     def _forget_before(self, first: int) -> None:
         for table in (self._seen, self._flooded, self._overflow):
             for r in [r for r in table if r < first - 1]:
                 del table[r]
         for p in [p for p, r in self._live.items() if r < first]:
             del self._live[p]
+            self._last_new.pop(p, None)
+            self._interval.pop(p, None)
 
     def _sender_of(self, subkey: Any) -> str | None:
         key = owner_public_key(subkey)
@@ -738,6 +761,7 @@ class HivemindTransport(RolloutTransport):
                     continue
                 seen[sender] = expiration
                 self._live[sender] = max(r, self._live.get(sender, r))
+                self._heard_new(sender)
                 if len(self._peers_seen) < 100_000:
                     self._peers_seen.add(sender)
                 if not isinstance(item.value, (bytes, bytearray)):
