@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-TIMEOUT_S = 4.0
-STALL_S = 10.0  # rank 3 reaches outer step 3 at ~10 s, step 4 at ~10 s (skipping at once) and step 5 at ~10 s
+TIMEOUT_S = 3.0
+STALL_S = 7.5  # rank 3 reaches outer steps 3, 4 and 5 at ~7.5 s (skipping 3 and 4 at once)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -32,9 +32,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     rounds = {
         1: [[0, 1], [2, 3]],
         2: [[0, 1, 2], [3]],
-        3: [[0, 1], [2, 3]],  # rank 3 stalls before this one: rank 2 gives up at ~4 s
-        4: [[0, 1], [2, 3]],  # rank 2 waits from ~4 s to ~8 s; rank 3 is still late
-        5: [[0, 1], [2, 3]],  # rank 1 is gone; rank 2 (from ~8 s) and rank 3 (~10 s) meet again
+        3: [[0, 1], [2, 3]],  # rank 3 stalls before this one: rank 2 gives up at ~3 s
+        4: [[0, 1], [2, 3]],  # rank 2 waits from ~3 s to ~6 s; rank 3 is still late
+        5: [[0, 1], [2, 3]],  # rank 1 is gone; rank 2 (from ~6 s) and rank 3 (~7.5 s) meet again
     }
     log = []
     for step, groups in rounds.items():

@@ -20,8 +20,8 @@ from swarmlm.noloco.groups import make_groups
 from swarmlm.noloco.train import EXIT_CODE_INJECTED, rank_dir
 
 REPLICAS = 4
-TIMEOUT_S = 4.0
-STALL_S = 10.0
+TIMEOUT_S = 3.0
+STALL_S = 8.0
 SEED = 5
 H = 2
 STEPS = 12

@@ -83,7 +83,15 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
         return summarize(config, {0: result}, world, time.time() - started)
     dump_config(config, out / "config.yaml")
     prepare(config.data, load_tokenizer(config.model))  # tokenize once here, before the workers start
-    results = launch_local(config.nproc, worker_main, config.model_dump_json())
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        results = launch_local(config.nproc, worker_main, config.model_dump_json())
+    except SignalException as err:  # Ctrl+C / SIGTERM: the workers stopped at a common step and checkpointed
+        log.warning("stopped by signal %s; run the same command again to resume from %s", err.sigval, config.out)
+        summary = summarize(config, None, config.nproc, time.time() - started)
+        summary["interrupted"] = True
+        return summary
     return summarize(config, results, config.nproc, time.time() - started)
 
 
@@ -91,6 +99,9 @@ def train_command(config: TrainConfig) -> int:
     summary = run_training(config)
     if "ranks" not in summary:  # a rank other than 0 under torchrun
         return 0
+    if summary.get("interrupted"):
+        print(f"interrupted; resume with the same command (checkpoints in {config.out}/checkpoints)")
+        return 130
     print(f"{summary['method']} M={summary['replicas']} steps={summary['steps']}: "
           f"validation loss {summary['val_loss_mean']:.4f} (mean over replicas), "
           f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_s']}s -> {config.out}/summary.json")

@@ -113,7 +113,7 @@ class TrainConfig(StrictModel):
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="auto = bf16 autocast on GPUs that support it, float32 on CPU")
     eval_every: int = Field(60, ge=0, description="K: validation loss and perplexity every K steps (0 = only at the end)")
-    eval_batches: int = Field(8, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
+    eval_batches: int = Field(16, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
     checkpoint_every: int = Field(100, ge=0, description="checkpoint every C steps (0 = only at the end and on Ctrl+C)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept per rank")
     resume: Literal["auto", "never"] | int = Field(

@@ -134,6 +134,7 @@ class Replica:
         self.comm = Communicator(rank=rank, world_size=world_size, timeout_s=config.exchange.timeout_s,
                                  run_key=self._run_key())
         self.step = 0
+        self._stop_at: int | None = None
         self.saved_step: int | None = None
         self.compute_s = 0.0
         self.tokens = 0
@@ -267,28 +268,24 @@ class Replica:
             log.warning("rank %d: injected stall of %.1fs at outer step %d", self.rank, faults.stall_s, outer_step)
             time.sleep(faults.stall_s)
 
-    def outer_step(self, outer_step: int, stop_flag: bool) -> tuple[dict[str, Any], bool]:
+    def outer_step(self, outer_step: int) -> dict[str, Any]:
         record: dict[str, Any] = {"outer_step": outer_step}
         theta = self.theta()
         if self.config.log.model_std:
             record["model_std_fast"] = self.comm.replica_std(theta)
         self._inject_faults(outer_step)
         comm_before = self.comm.traffic.seconds
-        stop = stop_flag
         if self.method == "noloco":
             record.update(self._noloco(outer_step, theta))
-            stop = self._store_stop(outer_step, stop_flag)
         elif self.method == "diloco":
-            pseudo = torch.cat([self.phi - theta, torch.tensor([1.0 if stop_flag else 0.0], device=theta.device)])
+            pseudo = self.phi - theta
             self.comm.all_reduce_mean_(pseudo)
-            stop = bool(pseudo[-1] > 0)
-            self.diloco.step(pseudo[:-1])
-        if self.method != "ddp":
-            self.set_theta(self.phi)
+            self.diloco.step(pseudo)
+        self.set_theta(self.phi)
         record["outer_comm_s"] = self.comm.traffic.seconds - comm_before
         if self.config.log.model_std:
             record["model_std"] = self.comm.replica_std(self.theta())
-        return record, stop
+        return record
 
     def _noloco(self, outer_step: int, theta: torch.Tensor) -> dict[str, Any]:
         c = self.config.noloco
@@ -308,23 +305,22 @@ class Replica:
         return {"group": group, "partners_ok": sorted(result.received), "skipped_partners": len(result.skipped),
                 "skipped_ranks": sorted(result.skipped)}
 
-    def _store_stop(self, outer_step: int, stop_flag: bool) -> bool:
-        """NoLoCo has no collective to carry a stop request: agree on the stopping outer step through the
-        store. A rank asked to stop proposes the next outer step; the first proposal wins everywhere."""
+    def agreed_stop(self, requested: bool) -> bool:
+        """Whether every rank stops after this step. DDP carries the request in its gradient all-reduce;
+        NoLoCo and DiLoCo have no per-step collective, so a rank asked to stop (Ctrl+C, SIGTERM) proposes
+        "two steps from now" in the store, the first proposal wins, and every rank reads it each step.
+        All ranks then stop, and checkpoint, at the same step."""
         if self.world == 1:
-            return stop_flag
-        store = self.comm.store
+            return requested
         key = self.comm.key("stop")
         try:
-            if stop_flag:
-                agreed = int(store.compare_set(key, "", str(outer_step + 1)))
-            elif store.check([key]):
-                agreed = int(store.get(key))
-            else:
-                return False
+            if requested and self._stop_at is None:
+                self._stop_at = int(self.comm.store.compare_set(key, "", str(self.step + 2)))
+            elif self._stop_at is None and self.comm.store.check([key]):
+                self._stop_at = int(self.comm.store.get(key))
         except (RuntimeError, dist.DistError):  # no store: stop on our own
-            return stop_flag
-        return outer_step >= agreed
+            return requested
+        return self._stop_at is not None and self.step >= self._stop_at
 
     # ----- evaluation
     @torch.no_grad()
@@ -364,6 +360,8 @@ class Replica:
                     started = time.perf_counter()
                     comm_before = self.comm.traffic.seconds
                     loss, lr, stop = self.inner_step(interrupt.requested)
+                    if self.method != "ddp":
+                        stop = self.agreed_stop(interrupt.requested)
                     if self.method == "noloco":
                         self.comm.heartbeat()
                     step_time = time.perf_counter() - started
@@ -374,15 +372,12 @@ class Replica:
                         record["model_std"] = self.comm.replica_std(self.theta())
                     if outer_due:
                         outer_started = time.perf_counter()
-                        outer, stop = self.outer_step((self.step + H - 1) // H, interrupt.requested)
-                        record.update(outer)
+                        record.update(self.outer_step((self.step + H - 1) // H))
                         step_time += time.perf_counter() - outer_started
                     comm = self.comm.traffic.seconds - comm_before
                     self.compute_s += max(0.0, step_time - comm)
                     if (config.eval_every and self.step % config.eval_every == 0) or self.step == config.steps:
                         record.update(self.evaluate())
-                    if stop and not outer_due and self.method != "ddp":
-                        stop = False  # NoLoCo and DiLoCo stop only at an outer step, where all ranks agree
                     if config.stop_after is not None and self.step >= config.stop_after:
                         stop = True
                     if stop and self.step < config.steps and "val_loss" not in record:
@@ -424,6 +419,11 @@ def worker_main(config_json: str) -> dict[str, Any]:
         transformers.utils.logging.set_verbosity_error()
     except ImportError:  # pragma: no cover
         pass
+    if hasattr(os, "setpgrp") and os.getpgrp() != os.getpid():
+        # Leave the terminal's process group: a Ctrl+C then reaches the launcher (torchrun or launch_local)
+        # alone, which forwards exactly one SIGINT to every worker; one SIGINT is a graceful stop
+        # (graceful_interrupt), whereas the terminal's and the launcher's together would be an abort.
+        os.setpgrp()
     rank, world = init_process_group(backend=config.backend, timeout_s=max(300.0, 4 * config.exchange.timeout_s))
     if config.method == "noloco" and config.noloco.group_size > world > 1:
         raise ValueError(f"noloco.group_size ({config.noloco.group_size}) is larger than the world size ({world})")
