@@ -21,7 +21,6 @@ from typing import Any
 
 from swarmlm.config import dump_config
 from swarmlm.interrupts import graceful_interrupt
-from swarmlm.metrics import read_jsonl
 from swarmlm.sapo.swarm_config import SwarmConfig, SwarmNodeConfig
 from swarmlm.sapo.swarm_node import node_summary
 
@@ -71,6 +70,7 @@ class _Node:
 
     def start(self, initial_peers: list[str]) -> None:
         cfg = self.config.model_copy(update={"initial_peers": list(self.config.initial_peers) + initial_peers})
+        (self.dir / "peer.json").unlink(missing_ok=True)  # a resumed run's old address is not this run's
         dump_config(cfg, self.yaml)
         cmd = [sys.executable, "-m", "swarmlm", "--log-level", self.log_level, "sapo", "node", "--config", str(self.yaml)]
         with open(self.log_path, "ab") as fh:
@@ -94,19 +94,50 @@ class _Node:
             return None
 
 
-def _status(nodes: list[_Node]) -> tuple[int, dict[str, Any]]:
-    done, rewards, peers, accepted, dropped = 0, [], [], 0, 0
-    for n in nodes:
-        rows = read_jsonl(n.dir / "metrics.jsonl")
-        done += len(rows)
-        if rows:
-            rewards.append(rows[-1]["reward_own"])
-            peers.append(rows[-1].get("peers_seen", 0))
-        accepted += sum(r.get("records_accepted", 0) for r in rows)
-        dropped += sum(r.get("records_dropped", 0) for r in rows)
+class _Follower:
+    """Reads what a node appended to its ``metrics.jsonl`` since the last look (the file only grows, except when
+    a resumed node drops rows past its checkpoint, which starts the count over)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.rows = 0
+        self.accepted = self.dropped = 0
+        self.last: dict[str, Any] | None = None
+
+    def poll(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size < self.offset:
+            self.__init__(self.path)
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
+        self.offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            self.rows += 1
+            self.accepted += row.get("records_accepted", 0)
+            self.dropped += row.get("records_dropped", 0)
+            self.last = row
+
+
+def _status(followers: list[_Follower]) -> tuple[int, dict[str, Any]]:
+    for f in followers:
+        f.poll()
+    lasts = [f.last for f in followers if f.last is not None]
+    rewards = [r["reward_own"] for r in lasts]
+    peers = [r.get("peers_seen", 0) for r in lasts]
     postfix = {"reward": f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
-               "peers": min(peers) if peers else 0, "accepted": accepted, "dropped": dropped}
-    return done, postfix
+               "peers": min(peers) if peers else 0, "accepted": sum(f.accepted for f in followers),
+               "dropped": sum(f.dropped for f in followers)}
+    return sum(f.rows for f in followers), postfix
 
 
 def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -154,8 +185,9 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
             total = config.nodes * config.rounds
             bar = tqdm(total=total, desc=f"swarm of {config.nodes}", unit="step", disable=not progress)
             forwarded = False
+            followers = [_Follower(n.dir / "metrics.jsonl") for n in nodes]
             while True:
-                done, postfix = _status(nodes)
+                done, postfix = _status(followers)
                 bar.update(max(0, min(done, total) - bar.n))
                 bar.set_postfix(postfix, refresh=True)
                 if stop.requested and not forwarded:
