@@ -309,3 +309,28 @@ def test_hostile_peer_cannot_stop_honest_nodes(tmp_path):
         other = honest[1] if n is honest[0] else honest[0]
         assert pool == {other.peer()["peer_id"]}
         assert "Traceback" not in n.log()
+
+
+def test_swarm_command_runs_nodes_and_summarises(tmp_path):
+    """``swarmlm sapo swarm``: N node processes over loopback, one display, one summary."""
+    out = tmp_path / "swarm"
+    tiny = [a for a in TINY if a not in ("--progress", "false")]
+    rounds = tiny.index("--rounds")
+    tiny[rounds + 1] = "4"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "swarmlm", "--log-level", "WARNING", "sapo", "swarm", "--nodes", "2",
+                          "--out", str(out), "--model.warmstart", "never", "--node-models", "[tiny-qwen2, tiny-llama]",
+                          "--swarm.run", f"cmd-{uuid.uuid4().hex[:8]}", *tiny],
+                         capture_output=True, text=True, timeout=400, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "node 0 is Qm" in res.stdout and "swarm of 2" in res.stderr  # the address, and one progress bar
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] and summary["exit_codes"] == {"node-0": 0, "node-1": 0}
+    ids = [json.loads((out / f"node-{k}" / "peer.json").read_text())["peer_id"] for k in range(2)]
+    for k in range(2):
+        rows = read_jsonl(out / f"node-{k}" / "metrics.jsonl")
+        assert [r["round"] for r in rows] == [1, 2, 3, 4]
+        assert summary["swarm"][f"node-{k}"]["records_accepted"] > 0
+        assert sources(rows, "accepted_sources") == {ids[1 - k]}
+    assert summary["records_accepted"] > 0 and 0 < summary["transport_fraction"] < 1
+    assert "name: tiny-llama" in (out / "node-1" / "node.yaml").read_text()

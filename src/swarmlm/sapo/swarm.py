@@ -160,8 +160,9 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     threads = config.threads_per_node or max(1, (os.cpu_count() or 1) // config.nodes)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, str(threads))
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    nodes = [_Node(k, c, env, level if isinstance(level, str) else "INFO") for k, c in enumerate(configs)]
+    effective = logging.getLogger().getEffectiveLevel()  # by number: hivemind renames WARNING to "WARN"
+    level = next((name for name in ("DEBUG", "INFO", "WARNING") if effective <= getattr(logging, name)), "ERROR")
+    nodes = [_Node(k, c, env, level) for k, c in enumerate(configs)]
     print(f"starting {config.nodes} nodes of swarm '{config.swarm.run}' in {out} (logs: {out}/node-K/node.log)", flush=True)
     interrupted = False
     try:
