@@ -87,7 +87,8 @@ class SAPONode:
         self.model = loaded.model.to(self.device)
         self.model.train()
         self.tokenizer = loaded.tokenizer
-        self.model_name = config.model.name
+        # what peers see in the records' ``model`` field: a short name, never a long local path
+        self.model_name = Path(config.model.name.rstrip("/")).name[-64:] or "model"
         lr = config.grpo.lr or (PRESET_LR if config.model.name in PRESETS else PRETRAINED_LR)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.ref_model = None
