@@ -14,8 +14,10 @@ import time
 
 import pytest
 
+from swarmlm.config import dump_config
 from swarmlm.distributed import free_port
 from swarmlm.metrics import read_jsonl
+from swarmlm.noloco.config import TrainConfig
 from swarmlm.noloco.groups import make_groups
 from swarmlm.noloco.train import EXIT_CODE_INJECTED, rank_dir
 
@@ -31,13 +33,18 @@ STEPS = 12
 def test_stalled_then_killed_worker_is_skipped_and_others_finish(tmp_path):
     out = tmp_path / "run"
     port = free_port()
-    args = [sys.executable, "-m", "swarmlm", "noloco", "train", "--method", "noloco", "--nproc", str(REPLICAS),
-            "--out", str(out), "--steps", str(STEPS), "--seq-len", "32", "--batch-size", "4", "--outer.every", str(H),
-            "--eval-every", "0", "--eval-batches", "2", "--checkpoint-every", "0", "--inner.warmup-steps", "2",
-            "--progress", "false", "--log.model-std", "false", "--log.tensorboard", "false", "--seed", str(SEED),
-            "--exchange.timeout-s", str(TIMEOUT_S),
-            "--faults.stall-rank", "3", "--faults.stall-outer-steps", "[1]", "--faults.stall-s", str(STALL_S),
-            "--faults.exit-rank", "3", "--faults.exit-outer-step", "4"]
+    config = TrainConfig(
+        method="noloco", nproc=REPLICAS, out=str(out), steps=STEPS, seq_len=32, batch_size=4, eval_every=0,
+        eval_batches=2, checkpoint_every=0, progress=False, seed=SEED,
+        inner={"warmup_steps": 2}, outer={"every": H}, exchange={"timeout_s": TIMEOUT_S},
+        log={"model_std": False, "tensorboard": False},
+        faults={"stall_rank": 3, "stall_outer_steps": [1], "stall_s": STALL_S, "exit_rank": 3, "exit_outer_step": 4})
+    dump_config(config, tmp_path / "config.yaml")
+    # What `swarmlm noloco train --config config.yaml` runs, without building the whole command line.
+    code = ("import sys; from swarmlm.config import load_yaml; from swarmlm.noloco.config import TrainConfig;"
+            "from swarmlm.noloco.commands import train_command;"
+            "sys.exit(train_command(TrainConfig.model_validate(load_yaml(sys.argv[1]))))")
+    args = [sys.executable, "-c", code, str(tmp_path / "config.yaml")]
     procs = []
     logs = []
     for rank in range(REPLICAS):

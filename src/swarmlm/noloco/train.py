@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from swarmlm.checkpoints import (Checkpoint, latest_checkpoint, load_optimizer_state, load_rng_state, load_tensors,
+from swarmlm.checkpoints import (Checkpoint, load_optimizer_state, load_rng_state, load_tensors,
                                  save_checkpoint)
 from swarmlm.devices import autocast, resolve_device
 from swarmlm.distributed import destroy_process_group, init_process_group
@@ -189,6 +189,9 @@ class Replica:
                 log.warning("rank %d: no checkpoint step is common to all ranks; starting over", self.rank)
             return None
         checkpoint = checkpoint_at(directory, target)
+        if checkpoint.state.get("method") != self.method:
+            raise RuntimeError(f"{checkpoint.path} was written by method '{checkpoint.state.get('method')}', not "
+                               f"'{self.method}': use another --out, or --resume never to start over")
         _load_model_weights(self.model, checkpoint.model_dir)
         load_optimizer_state(checkpoint, self.optimizer)
         tensors = load_tensors(checkpoint)
