@@ -112,7 +112,6 @@ class Replica:
         self.model.train()
         self.tokenizer = loaded.tokenizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.numel = sum(p.numel() for p in self.params)
         self.phi = self.theta()
         self.delta = torch.zeros_like(self.phi)
         self.diloco = None
