@@ -29,6 +29,10 @@ class GenerationSection(StrictModel):
     max_prompt_tokens: int = Field(512, ge=8)
     max_batch: int = Field(64, ge=1, description="most sequences generated at once")
     prompt_style: Literal["auto", "plain", "chat"] = Field("auto", description="chat = the tokenizer's chat template")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf = batched decoding with the training model; vllm = a vLLM engine (GPU, optional install)")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="share of GPU memory the vLLM engine may take (the policy's training shares the GPU)")
 
 
 class GRPOSection(StrictModel):
