@@ -25,9 +25,9 @@ from swarmlm.checkpoints import latest_checkpoint, load_optimizer_state, save_ch
 from swarmlm.devices import DTYPES, resolve_device
 from swarmlm.metrics import MetricsWriter
 from swarmlm.models import PRESETS, load_model
-from swarmlm.sapo.batching import TrainSample, collate, token_logprobs, with_eos
+from swarmlm.sapo.batching import TrainSample, micro_batch_order, sample_logprobs, with_eos
 from swarmlm.sapo.config import SAPOConfig
-from swarmlm.sapo.generation import Generated, generate_completions, tokenize_prompts
+from swarmlm.sapo.generation import Generated, GenerationEngine, make_engine, tokenize_prompts
 from swarmlm.sapo.grpo import group_advantages, grpo_loss
 from swarmlm.sapo.records import DropCounter, RolloutRecord, decode_message, encode_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
@@ -110,6 +110,8 @@ class SAPONode:
             self.rng.setstate((st["rng"][0], tuple(st["rng"][1]), st["rng"][2]))
             self.drops.counts.update(st.get("drops", {}))
             log.info("%s resumed from %s (round %d)", self.node_id, checkpoint.path, self.round)
+        # generates the rollouts; an engine holding its own copy of the weights (vLLM) is synced after each update
+        self.engine: GenerationEngine = make_engine(config.generation, self.model, self.tokenizer)
         self.metrics = MetricsWriter(self.out_dir, step_key="round", resume_from=self.round, tensorboard=tensorboard)
 
     # ------------------------------------------------------------------ helpers
@@ -143,8 +145,8 @@ class SAPONode:
         questions = self.tasks.sample(self.config.local)
         torch.manual_seed(self.seed * 100_003 + round)  # the round's samples do not depend on other nodes' work
         started = time.perf_counter()
-        generated = generate_completions(
-            self.model, self.tokenizer, self._prompt_ids([q.question for q in questions]),
+        generated = self.engine.generate(
+            self._prompt_ids([q.question for q in questions]),
             num_completions=g.group_size, max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
         gen_seconds = time.perf_counter() - started
         rewards = [self._score_texts(q.family, q.entry, gen.texts) for q, gen in zip(questions, generated)]
@@ -205,13 +207,15 @@ class SAPONode:
     @torch.no_grad()
     def _logprobs_of(self, model, samples: list[TrainSample]) -> list[torch.Tensor]:
         """Per-sample completion-token log-probs (1-D, aligned with each sample's completion)."""
-        out = []
+        out: list[torch.Tensor | None] = [None] * len(samples)
         mb = self.config.grpo.micro_batch_size
-        for start in range(0, len(samples), mb):
-            chunk = samples[start:start + mb]
-            logp, mask = token_logprobs(model, collate(chunk, self.tokenizer.pad_token_id))
-            for row in range(len(chunk)):
-                out.append(logp[row][mask[row]].float().cpu())
+        order = micro_batch_order(samples, list(range(len(samples))))  # little padding, shared prompts run once
+        for start in range(0, len(order), mb):
+            idx = order[start:start + mb]
+            logp, mask = sample_logprobs(model, [samples[i] for i in idx], self.tokenizer.pad_token_id)
+            values = logp[mask].float().split(mask.sum(dim=1).tolist())
+            for i, v in zip(idx, values):
+                out[i] = v
         return out
 
     def _external_weights(self, samples: list[TrainSample], old: list[torch.Tensor]) -> None:
@@ -230,33 +234,48 @@ class SAPONode:
         if not samples:
             return {"loss": None}
         needs_old = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1 or cfg.external_weight == "truncated"
-        old = self._logprobs_of(self.model, samples) if needs_old else None
-        if old is not None and cfg.external_weight == "truncated":
-            self._external_weights(samples, old)
-        ref = self._logprobs_of(self.ref_model, samples) if self.ref_model is not None else None
         order = list(range(len(samples)))
+        self.rng.shuffle(order)  # the first pass's order
+        per_mb = math.ceil(len(order) / cfg.num_minibatches)
+        old: list[torch.Tensor | None] | None = None
+        if cfg.external_weight == "truncated":  # the weights need every old log-prob before the first loss
+            old = self._logprobs_of(self.model, samples)
+            self._external_weights(samples, old)
+        elif needs_old:
+            # The first minibatch of the first pass runs on the unchanged policy: its forward pass gives its old
+            # log-probs (kept below). Only the samples after it need a separate pass before the first step.
+            old = [None] * len(samples)
+            rest = order[per_mb:]
+            for i, lp in zip(rest, self._logprobs_of(self.model, [samples[i] for i in rest]) if rest else []):
+                old[i] = lp
+        ref = self._logprobs_of(self.ref_model, samples) if self.ref_model is not None else None
         losses, clip_fracs, kls, grad_norms = [], [], [], []
-        for _ in range(cfg.ppo_epochs):
-            self.rng.shuffle(order)
-            per_mb = math.ceil(len(order) / cfg.num_minibatches)
+        for epoch in range(cfg.ppo_epochs):
+            if epoch > 0:
+                self.rng.shuffle(order)
             for mb_start in range(0, len(order), per_mb):
                 mb = order[mb_start:mb_start + per_mb]
                 n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_loss = 0.0
-                # sort by length so that micro-batches waste little padding
-                mb_sorted = sorted(mb, key=lambda i: len(samples[i].prompt_ids) + samples[i].num_completion_tokens)
+                # sorted so that micro-batches waste little padding and a group's shared prompt runs once
+                mb_sorted = micro_batch_order(samples, mb)
                 for mi in range(0, len(mb_sorted), cfg.micro_batch_size):
                     idx = mb_sorted[mi:mi + cfg.micro_batch_size]
                     chunk = [samples[i] for i in idx]
-                    logp, mask = token_logprobs(self.model, collate(chunk, self.tokenizer.pad_token_id))
-                    old_lp = torch.zeros_like(logp)
-                    ref_lp = torch.zeros_like(logp) if ref is not None else None
-                    for row, i in enumerate(idx):
-                        pos = mask[row].nonzero().squeeze(-1)
-                        old_lp[row, pos] = old[i].to(logp) if old is not None else logp[row, pos].detach()
-                        if ref_lp is not None:
-                            ref_lp[row, pos] = ref[i].to(logp)
+                    logp, mask = sample_logprobs(self.model, chunk, self.tokenizer.pad_token_id)
+                    if old is None:  # one pass, one step: the old policy is the current one (ρ ≡ 1)
+                        old_lp = logp.detach()
+                    else:
+                        if any(old[i] is None for i in idx):  # first minibatch of the first pass (see above)
+                            current = logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
+                            for i, lp in zip(idx, current):
+                                if old[i] is None:
+                                    old[i] = lp
+                        old_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([old[i] for i in idx]).to(logp))
+                    ref_lp = None
+                    if ref is not None:
+                        ref_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([ref[i] for i in idx]).to(logp))
                     adv = torch.tensor([s.advantage for s in chunk], device=logp.device)
                     w = torch.tensor([s.weight for s in chunk], device=logp.device)
                     loss, stats = grpo_loss(logp, old_lp, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
@@ -270,6 +289,8 @@ class SAPONode:
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
                 self.optimizer.step()
                 losses.append(mb_loss)
+        self.engine.sync_weights()  # an engine with its own copy of the weights generates with the new policy
+
         def token_mean(pairs: list[tuple[float, float]]) -> float:
             return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
 
@@ -283,7 +304,7 @@ class SAPONode:
     def evaluate(self) -> float:
         """pass@1 on the fixed held-out set, with greedy decoding."""
         g = self.config.generation
-        generated = generate_completions(self.model, self.tokenizer, self._prompt_ids([q.question for q in self.eval_set]),
+        generated = self.engine.generate(self._prompt_ids([q.question for q in self.eval_set]),
                                          num_completions=1, max_new_tokens=g.max_new_tokens, max_batch=g.max_batch, greedy=True)
         scores = [self.tasks.score(q.family, extract_answer(gen.texts[0]), q.entry) for q, gen in zip(self.eval_set, generated)]
         return sum(scores) / len(scores)
@@ -351,3 +372,4 @@ class SAPONode:
 
     def close(self) -> None:
         self.metrics.close()
+        self.engine.close()
