@@ -39,6 +39,7 @@ def summarize(config: TrainConfig, results: dict[int, Any] | None, world: int, w
 
     out = Path(config.out)
     ranks = {}
+    stages = config.stages
     for rank in range(world):
         result = (results or {}).get(rank)
         if not isinstance(result, dict):
@@ -47,10 +48,12 @@ def summarize(config: TrainConfig, results: dict[int, Any] | None, world: int, w
             result = {"rank": rank, "step": last.get("step"), "val_loss": last.get("val_loss"), "val_ppl": last.get("val_ppl"),
                       "skipped_total": last.get("skipped_total"), "from": "metrics file"}
         ranks[f"rank-{rank}"] = result
-    losses = [r["val_loss"] for r in ranks.values() if r.get("val_loss") is not None]
+    # One validation loss per replica: rank 0 of each replica's stages (every stage of a replica reports the same).
+    losses = [r["val_loss"] for k, r in enumerate(ranks.values()) if k % stages == 0 and r.get("val_loss") is not None]
     mean_loss = sum(losses) / len(losses) if losses else None
     summary = {
-        "method": config.method, "replicas": world, "model": config.model, "steps": config.steps,
+        "method": config.method, "replicas": world // stages, "model": config.model, "steps": config.steps,
+        **({"stages": stages, "routing": config.pipeline.routing} if stages > 1 else {}),
         "outer_every": config.outer.every if config.method != "ddp" else None,
         "val_loss_mean": mean_loss, "val_ppl_mean_loss": math.exp(mean_loss) if mean_loss is not None else None,
         "val_ppl_rank0": ranks.get("rank-0", {}).get("val_ppl"),
@@ -72,9 +75,10 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         rank = int(os.environ["RANK"])
-        if world != config.nproc:
-            log.info("running under torchrun: %d replicas (the world size), not nproc=%d", world, config.nproc)
-            config = config.model_copy(update={"nproc": world})
+        if world != config.nproc * config.stages:
+            log.info("running under torchrun: %d replicas (the world size / %d stages), not nproc=%d",
+                     world // config.stages, config.stages, config.nproc)
+            config = config.model_copy(update={"nproc": world // config.stages})
         if rank == 0:
             dump_config(config, out / "config.yaml")
         result = worker_main(config.model_dump_json())
@@ -86,13 +90,13 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     try:
-        results = launch_local(config.nproc, worker_main, config.model_dump_json())
+        results = launch_local(config.nproc * config.stages, worker_main, config.model_dump_json())
     except SignalException as err:  # Ctrl+C / SIGTERM: the workers stopped at a common step and checkpointed
         log.warning("stopped by signal %s; run the same command again to resume from %s", err.sigval, config.out)
-        summary = summarize(config, None, config.nproc, time.time() - started)
+        summary = summarize(config, None, config.nproc * config.stages, time.time() - started)
         summary["interrupted"] = True
         return summary
-    return summarize(config, results, config.nproc, time.time() - started)
+    return summarize(config, results, config.nproc * config.stages, time.time() - started)
 
 
 def train_command(config: TrainConfig) -> int:
@@ -102,7 +106,8 @@ def train_command(config: TrainConfig) -> int:
     if summary.get("interrupted"):
         print(f"interrupted; resume with the same command (checkpoints in {config.out}/checkpoints)")
         return 130
-    print(f"{summary['method']} M={summary['replicas']} steps={summary['steps']}: "
+    print(f"{summary['method']} M={summary['replicas']}{' S=' + str(summary['stages']) if 'stages' in summary else ''} "
+          f"steps={summary['steps']}: "
           f"validation loss {summary['val_loss_mean']:.4f} (mean over replicas), "
           f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_s']}s -> {config.out}/summary.json")
     return 0

@@ -95,13 +95,35 @@ class FaultSection(StrictModel):
     stall_s: float = Field(0.0, ge=0, description="seconds of each stall")
     exit_rank: int | None = Field(None, ge=0, description="this rank exits abruptly (status 17) at outer step exit_outer_step")
     exit_outer_step: int | None = Field(None, ge=1)
+    stall_steps: list[int] = Field(
+        default_factory=list, description="pipeline runs (--stages > 1): inner steps at whose start stall_rank stalls stall_s")
+
+
+class PipelineSection(StrictModel):
+    """Pipeline stages with NoLoCo's random routing (SPEC B.5); used when ``stages`` > 1."""
+
+    micro_batches: int = Field(2, ge=1, description="micro-batches per batch (batch_size must be divisible by it)")
+    routing: Literal["random", "identity"] = Field(
+        "random", description="random: stage s of replica d sends each micro-batch to stage s+1 of replica pi(d), "
+                              "a permutation drawn per step and slot from the shared seed; identity: replica d's own stages")
+    retry_slots: int = Field(1, ge=0, description="extra slots per step that carry only micro-batches whose hop failed, "
+                                                  "on another route")
+    recompute: bool = Field(False, description="activation recomputation: keep only each decoder layer's input, and "
+                                               "rerun the layer in the backward pass (torch.utils.checkpoint)")
+    timeout_s: float = Field(30.0, gt=0, description="a hop is abandoned when its peer shows no progress for this long "
+                                                     "(and a transfer that started must end within it)")
+    max_wait_s: float | None = Field(None, gt=0, description="cap on any one wait for a hop, even with a live peer "
+                                                             "(default 8 x timeout_s)")
+    log_routes: bool = Field(False, description="log every step's peers (sent_to, recv_from) in the metrics")
 
 
 class TrainConfig(StrictModel):
     """``swarmlm noloco train``: M replicas trained with NoLoCo, DiLoCo or data parallel."""
 
     method: Method = Field("noloco", description="noloco (pair averaging), diloco (all-reduce every H steps) or ddp (all-reduce every step)")
-    nproc: int = Field(4, ge=1, description="M: replicas (local worker processes); under torchrun the world size decides")
+    nproc: int = Field(4, ge=1, description="M: replicas (local runs start nproc x stages processes); under torchrun "
+                                            "the world size decides (M = world size / stages)")
+    stages: int = Field(1, ge=1, description="S: pipeline stages per replica, each in its own process (see pipeline.*)")
     out: str = Field("runs/noloco", description="output directory")
     model: str = Field("tiny-llama", description="preset name (tiny-llama, llama-125m, llama-1.3b, llama-6.8b...), local directory or hub id")
     steps: int = Field(300, ge=1, description="inner steps per replica")
@@ -130,9 +152,13 @@ class TrainConfig(StrictModel):
     data: DataSection = Field(default_factory=DataSection)
     log: LogSection = Field(default_factory=LogSection)
     faults: FaultSection = Field(default_factory=FaultSection)
+    pipeline: PipelineSection = Field(default_factory=PipelineSection)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
+        if self.stages > 1 and self.batch_size % self.pipeline.micro_batches:
+            raise ValueError(f"batch_size ({self.batch_size}) is not divisible by pipeline.micro_batches "
+                             f"({self.pipeline.micro_batches})")
         if self.stop_after is not None and self.stop_after > self.steps:
             raise ValueError(f"stop_after ({self.stop_after}) is past steps ({self.steps})")
         if self.method == "noloco" and self.noloco.group_size > self.nproc and self.nproc > 1:

@@ -103,12 +103,18 @@ class Replica:
         self.rank = rank
         self.world = world_size
         self.method = config.method
+        # Pipeline layout (swarmlm.noloco.routing): rank = replica * stages + stage; one stage per replica unless
+        # --stages > 1 (PipelineReplica).
+        self.stages = config.stages
+        self.replica, self.stage = divmod(rank, self.stages)
+        self.replicas = world_size // self.stages
+        self.store_stop = self.method != "ddp"  # DDP agrees on stopping through its gradient all-reduce
         self.device = self._device(local_rank)
         self.bf16 = config.precision == "bfloat16" or (
             config.precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
         torch.manual_seed(config.seed)
         loaded = load_model(config.model, seed=config.seed)
-        self.model = loaded.model.to(self.device)
+        self.model = self._build_model(loaded.model).to(self.device)
         self.model.train()
         self.tokenizer = loaded.tokenizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -126,12 +132,13 @@ class Replica:
             self.optimizer = torch.optim.Adam(self.params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warmup=inner.warmup_steps, total=config.steps, min_ratio=inner.min_lr_ratio))
-        self.data = replica_data(config.data, self.tokenizer, replica=rank, num_replicas=world_size, seq_len=config.seq_len,
+        self.data = replica_data(config.data, self.tokenizer, replica=self.replica, num_replicas=self.replicas, seq_len=config.seq_len,
                                  batch_size=config.batch_size, seed=config.seed)
         self.val = validation_batches(self.data.val_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
                                       num_batches=config.eval_batches)
         self.comm = Communicator(rank=rank, world_size=world_size, timeout_s=config.exchange.timeout_s,
                                  run_key=self._run_key())
+        self.outer_comm = self.comm  # the outer step's communicator: the stage's replica group in a pipeline
         self.step = 0
         self._stop_at: int | None = None
         self.saved_step: int | None = None
@@ -152,6 +159,23 @@ class Replica:
         if self.world > 1:
             dist.broadcast_object_list(key, src=0)
         return str(key[0])
+
+    # ----- hooks that a pipeline stage (swarmlm.noloco.pipeline_train.PipelineReplica) overrides
+    def _build_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def _load_weights(self, model_dir: Path) -> None:
+        _load_model_weights(self.model, model_dir)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        if state.get("stages", 1) != self.stages:
+            raise RuntimeError(f"the checkpoint was written with {state.get('stages', 1)} pipeline stages, not {self.stages}")
+
+    def step_record(self) -> dict[str, Any]:
+        return {}
 
     # ----- flat views of the weights
     def theta(self) -> torch.Tensor:
@@ -191,7 +215,7 @@ class Replica:
         if checkpoint.state.get("method") != self.method:
             raise RuntimeError(f"{checkpoint.path} was written by method '{checkpoint.state.get('method')}', not "
                                f"'{self.method}': use another --out, or --resume never to start over")
-        _load_model_weights(self.model, checkpoint.model_dir)
+        self._load_weights(checkpoint.model_dir)
         load_optimizer_state(checkpoint, self.optimizer)
         tensors = load_tensors(checkpoint)
         self.phi.copy_(tensors["phi"])
@@ -207,6 +231,7 @@ class Replica:
         self.comm.traffic.skipped = state["skipped_total"]
         self.compute_s = state["compute_s"]
         self.tokens = state["tokens"]
+        self.restore_state(state)
         load_rng_state(checkpoint)
         self.step = self.saved_step = target
         log.info("rank %d resumed from step %d", self.rank, target)
@@ -220,7 +245,7 @@ class Replica:
         state = {"method": self.method, "scheduler": self.scheduler.state_dict(), "sampler": self.data.sampler.state_dict(),
                  "bytes_sent": self.comm.traffic.bytes_sent, "bytes_recv": self.comm.traffic.bytes_recv,
                  "comm_s": self.comm.traffic.seconds, "skipped_total": self.comm.traffic.skipped,
-                 "compute_s": self.compute_s, "tokens": self.tokens}
+                 "compute_s": self.compute_s, "tokens": self.tokens, **self.checkpoint_state()}
         self.saved_step = self.step
         save_checkpoint(checkpoint_dir(self.config.out, self.rank), self.step, model=self.model, optimizer=self.optimizer,
                         state=state, tensors={"phi": self.phi.cpu(), "delta": delta.cpu()}, keep=self.config.keep_checkpoints)
@@ -251,7 +276,7 @@ class Replica:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flag = torch.tensor([1.0 if stop_flag else 0.0], device=self.device)
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flag])
-        self.comm.all_reduce_mean_(flat)
+        self.outer_comm.all_reduce_mean_(flat)
         offset = 0
         for p, g in zip(self.params, grads):
             n = g.numel()
@@ -274,28 +299,28 @@ class Replica:
         record: dict[str, Any] = {"outer_step": outer_step}
         theta = self.theta()
         if self.config.log.model_std:
-            record["model_std_fast"] = self.comm.replica_std(theta)
+            record["model_std_fast"] = self.outer_comm.replica_std(theta)
         self._inject_faults(outer_step)
         comm_before = self.comm.traffic.seconds
         if self.method == "noloco":
             record.update(self._noloco(outer_step, theta))
         elif self.method == "diloco":
             pseudo = self.phi - theta
-            self.comm.all_reduce_mean_(pseudo)
+            self.outer_comm.all_reduce_mean_(pseudo)
             self.diloco.step(pseudo)
         self.set_theta(self.phi)
         record["outer_comm_s"] = self.comm.traffic.seconds - comm_before
         if self.config.log.model_std:
-            record["model_std"] = self.comm.replica_std(self.theta())
+            record["model_std"] = self.outer_comm.replica_std(self.theta())
         return record
 
     def _noloco(self, outer_step: int, theta: torch.Tensor) -> dict[str, Any]:
         c = self.config.noloco
-        groups = make_groups(self.world, c.group_size, self.config.seed, outer_step, c.leftover)
-        group = group_of(self.rank, groups)
+        groups = make_groups(self.replicas, c.group_size, self.config.seed, outer_step, c.leftover)
+        group = group_of(self.replica, groups)  # replica indices; the same-stage processes of those replicas average
         fast = c.beta == c.gamma
         payload = theta if fast else torch.cat([theta, self.phi])
-        result = self.comm.exchange(outer_step, group, payload)
+        result = self.outer_comm.exchange(outer_step, [r * self.stages + self.stage for r in group], payload)
         received = [result.received[p] for p in sorted(result.received)]
         if fast:
             mean_theta, _ = group_means(theta, None, received, fast=True)
@@ -304,8 +329,8 @@ class Replica:
             mean_pseudo, mean_phi = group_means(theta, self.phi, received, fast=False)
             noloco_step(self.phi, self.delta, mean_pseudo_grad=mean_pseudo, mean_phi=mean_phi, alpha=c.alpha, beta=c.beta,
                         gamma=c.gamma, momentum=c.momentum)
-        return {"group": group, "partners_ok": sorted(result.received), "skipped_partners": len(result.skipped),
-                "skipped_ranks": sorted(result.skipped)}
+        return {"group": group, "partners_ok": sorted(r // self.stages for r in result.received),
+                "skipped_partners": len(result.skipped), "skipped_ranks": sorted(r // self.stages for r in result.skipped)}
 
     def agreed_stop(self, requested: bool) -> bool:
         """Whether every rank stops after this step. DDP carries the request in its gradient all-reduce;
@@ -348,7 +373,7 @@ class Replica:
         end = config.stop_after or config.steps
         writer = MetricsWriter(rank_dir(config.out, self.rank), resume_from=started_from, tensorboard=config.log.tensorboard)
         H = config.outer.every
-        bar = tqdm(total=config.steps, initial=self.step, desc=f"{self.method} M={self.world}", unit="step",
+        bar = tqdm(total=config.steps, initial=self.step, desc=f"{self.method} M={self.replicas}" + (f" S={self.stages}" if self.stages > 1 else ""), unit="step",
                    disable=not (progress and config.progress and self.rank == 0))
         wall_start = time.perf_counter()
         stopped_early = False
@@ -362,7 +387,7 @@ class Replica:
                     started = time.perf_counter()
                     comm_before = self.comm.traffic.seconds
                     loss, lr, stop = self.inner_step(interrupt.requested)
-                    if self.method != "ddp":
+                    if self.store_stop:
                         stop = self.agreed_stop(interrupt.requested)
                     if self.method == "noloco":
                         self.comm.heartbeat()
@@ -385,6 +410,7 @@ class Replica:
                     if stop and self.step < config.steps and "val_loss" not in record:
                         record.update(self.evaluate())
                     record.update(self.comm.traffic.as_dict())
+                    record.update(self.step_record())
                     record.update({"compute_s": self.compute_s, "tokens": self.tokens,
                                    "elapsed_s": time.perf_counter() - wall_start})
                     if self.step % config.log.every == 0 or outer_due or "val_loss" in record or stop:
@@ -427,10 +453,17 @@ def worker_main(config_json: str) -> dict[str, Any]:
         # (graceful_interrupt), whereas the terminal's and the launcher's together would be an abort.
         os.setpgrp()
     rank, world = init_process_group(backend=config.backend, timeout_s=max(300.0, 4 * config.exchange.timeout_s))
-    if config.method == "noloco" and config.noloco.group_size > world > 1:
-        raise ValueError(f"noloco.group_size ({config.noloco.group_size}) is larger than the world size ({world})")
+    if world % config.stages:
+        raise ValueError(f"the world size ({world}) is not a multiple of --stages ({config.stages})")
+    replicas = world // config.stages
+    if config.method == "noloco" and config.noloco.group_size > replicas > 1:
+        raise ValueError(f"noloco.group_size ({config.noloco.group_size}) is larger than the number of replicas ({replicas})")
     try:
-        replica = Replica(config, rank, world, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+        if config.stages > 1:
+            from swarmlm.noloco.pipeline_train import PipelineReplica as replica_class
+        else:
+            replica_class = Replica
+        replica = replica_class(config, rank, world, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
         return replica.run()
     finally:
         destroy_process_group()

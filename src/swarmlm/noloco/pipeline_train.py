@@ -1,0 +1,422 @@
+"""Pipeline training with NoLoCo's random routing: M replicas × S stages, one process each (SPEC B.5).
+
+Process (replica d, stage s) has global rank ``d * S + s`` (:mod:`swarmlm.noloco.routing`) and holds
+stage s of the model (:mod:`swarmlm.noloco.pipeline`). Two kinds of process groups join them:
+
+- **data-parallel peers**: the M processes of one stage (``dist.new_group``). The outer step (NoLoCo's
+  pair exchange, DiLoCo's all-reduce) and DDP's gradient all-reduce run within this group, with the
+  same :class:`~swarmlm.noloco.exchange.Communicator` as an unsplit run. Each stage averages its own
+  layers with the same-stage processes of other replicas.
+- **pipeline neighbours**: two-rank gloo links between stage s and stage s+1 processes, made on first
+  use (:mod:`swarmlm.noloco.links`). With random routing every stage-s process eventually talks to
+  every stage-(s+1) process.
+
+One inner step (:class:`PipelineEngine`)
+----------------------------------------
+Stage 0 of each replica draws ``grad_accum`` batches from its own shard and cuts each into
+``pipeline.micro_batches`` micro-batches: n micro-batches in all, each a *piece* with an id
+(origin replica, index). The step has n + ``pipeline.retry_slots`` *slots*. In slot m, every stage-s
+process hands what it has to stage s+1 of replica π_{s,t,m}(d): activations and labels forward.
+Then, in reverse slot order, gradients come back over the same links (GPipe order: all forwards, then
+all backwards; every hop is a blocking hand-over, so no process ever holds more than one step's
+activations, and the schedule cannot deadlock because every slot is a perfect matching and all
+processes walk the slots in the same order).
+
+A hop whose peer does not answer in time (:class:`~swarmlm.noloco.links.PipeLinks`) fails cleanly on
+both sides. The sender counts the failure and keeps the activations: they are *carried* into the next
+slot and sent together with that slot's micro-batch, along that slot's route, which goes to a
+different next-stage replica (consecutive slots' permutations differ everywhere). The retry slots at
+the end exist for this: they carry no new micro-batch, only what earlier slots could not deliver.
+What is still undelivered after the last slot is dropped (counted) and its stages upstream are told,
+so they never wait for its gradient. A piece whose gradient cannot come back is dropped upstream the
+same way. The loss of every piece travels back with its gradient, so stage 0 logs the loss of its
+own data wherever it went.
+
+Gradients at each stage are the mean over the pieces whose gradient reached it (normally all n of
+them), then clipped at ``inner.clip`` per stage (a global norm would need every stage of a replica,
+and with random routing there is no fixed replica to take it over).
+
+Evaluation runs the fixed validation batches along identity routes (replica d's stages in order),
+forward only, and the last stage's total is relayed back to every stage of the replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from swarmlm.devices import autocast
+from swarmlm.noloco.config import TrainConfig
+from swarmlm.noloco.exchange import Communicator
+from swarmlm.noloco.links import HopTraffic, PipeLinks
+from swarmlm.noloco.pipeline import StageModule, build_stage
+from swarmlm.noloco.routing import Routes, Routing, position, rank_of
+from swarmlm.noloco.train import Replica
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Chunk:
+    """Micro-batch pieces that a stage computed in one go (received together, or one own micro-batch)."""
+
+    pieces: list[list[int]]  # [origin replica, micro-batch index, rows] per piece, in row order
+    labels: torch.Tensor  # [rows, T] token ids
+    x: torch.Tensor | None  # the received activations (leaf, requires grad); None on stage 0
+    out: torch.Tensor | None = None  # this stage's output (non-last stages)
+    loss_terms: torch.Tensor | None = None  # per-piece mean losses, with graph (last stage)
+    losses: list[float] | None = None  # per-piece loss values, once known
+    upstream: int | None = None  # rank it came from
+    slot: int = -1  # slot in which it was computed
+    done: bool = False  # its backward ran (the gradient reached this stage)
+
+    @property
+    def rows(self) -> int:
+        return sum(p[2] for p in self.pieces)
+
+
+@dataclass
+class StepReport:
+    """What one process saw in one inner step."""
+
+    own_losses: dict[int, float] = field(default_factory=dict)  # stage 0: micro-batch index -> loss
+    losses: list[float] = field(default_factory=list)  # every piece loss this process learned
+    pieces_ok: int = 0  # pieces whose gradient reached this stage (the gradient is their mean)
+    piece_ids: list[tuple[int, int]] = field(default_factory=list)  # (origin replica, micro-batch index) of those pieces
+    failures: int = 0  # forward hops carrying pieces that failed (peer did not answer in time)
+    retried: int = 0  # pieces delivered in a later slot after a failed hop
+    dropped: int = 0  # pieces this stage could not deliver in any slot
+    grad_lost: int = 0  # pieces whose gradient never came back to this stage
+    missed: int = 0  # forward hops from upstream that never arrived
+    sent_to: list[int | None] = field(default_factory=list)  # per slot: the rank this stage sent to
+    recv_from: list[int | None] = field(default_factory=list)  # per slot: the rank this stage received from
+
+    @property
+    def loss(self) -> float:
+        values = list(self.own_losses.values()) or self.losses
+        return sum(values) / len(values) if values else math.nan
+
+
+class PipelineEngine:
+    """Runs one process's share of the pipeline schedule (see the module docstring)."""
+
+    def __init__(self, module: StageModule, links: PipeLinks, *, replica: int, stage: int, num_replicas: int,
+                 num_stages: int, seed: int, num_micro_batches: int, retry_slots: int, routing: Routing = "random",
+                 device: torch.device | str = "cpu", bf16: bool = False):
+        self.module = module
+        self.links = links
+        self.replica = replica
+        self.stage = stage
+        self.M = num_replicas
+        self.S = num_stages
+        self.rank = rank_of(replica, stage, num_stages)
+        self.seed = seed
+        self.n = num_micro_batches
+        self.slots = num_micro_batches + retry_slots
+        self.routing = routing
+        self.device = torch.device(device)
+        self.bf16 = bf16
+        self.first = stage == 0
+        self.last = stage == num_stages - 1
+        self._eval_count = 0
+
+    # ----- naming: both sides of a hop derive the same name
+    @staticmethod
+    def _name(kind: str, step: int, slot: int, up: int, down: int) -> str:
+        return f"{kind}{step}/{slot}/{up}-{down}"
+
+    def routes(self, step: int) -> Routes:
+        return Routes(num_replicas=self.M, num_stages=self.S, seed=self.seed, step=step, num_slots=self.slots,
+                      routing=self.routing)
+
+    # ----- compute
+    def _forward(self, inputs: torch.Tensor, labels: torch.Tensor, pieces: list[list[int]], **kw) -> Chunk:
+        x = None
+        if not self.first:
+            x = inputs.to(self.device).requires_grad_(True)
+            inputs = x
+        else:
+            inputs = inputs.to(self.device)
+        chunk = Chunk(pieces=pieces, labels=labels, x=x, **kw)
+        with autocast(self.device, self.bf16):
+            out = self.module(inputs)
+        if self.last:
+            sums, counts = StageModule.token_losses(out, labels)
+            terms, row = [], 0
+            for piece in pieces:
+                r = piece[2]
+                terms.append(sums[row:row + r].sum() / counts[row:row + r].sum().clamp(min=1))
+                row += r
+            chunk.loss_terms = torch.stack(terms)
+            chunk.losses = [float(v) for v in chunk.loss_terms.detach()]
+        else:
+            chunk.out = out
+        return chunk
+
+    # ----- one inner step
+    def train_step(self, step: int, micro_batches: list[torch.Tensor] | None = None) -> StepReport:
+        """Forward and backward of every slot of ``step``; leaves in each parameter's ``.grad`` the mean
+        gradient over the pieces that reached this stage. Stage 0 passes its ``micro_batches``."""
+        if self.first and (micro_batches is None or len(micro_batches) != self.n):
+            raise ValueError(f"stage 0 needs {self.n} micro-batches")
+        routes = self.routes(step)
+        report = StepReport()
+        received: dict[int, Chunk] = {}
+        own: dict[int, Chunk] = {}
+        sent: dict[int, tuple[int, list[Chunk]]] = {}
+        carry: list[Chunk] = []
+        carried_since: int | None = None
+
+        # forward, slot by slot
+        for slot in range(self.slots):
+            chunk = None
+            if self.first:
+                report.recv_from.append(None)
+                if slot < self.n:
+                    batch = micro_batches[slot]
+                    chunk = self._forward(batch, batch, [[self.replica, slot, int(batch.shape[0])]], slot=slot)
+                    own[slot] = chunk
+            else:
+                up = rank_of(routes.prev_replica(self.replica, self.stage, slot), self.stage - 1, self.S)
+                report.recv_from.append(up)
+                result = self.links.recv(self._name("f", step, slot, up, self.rank), up)
+                if result.ok and result.tensors:
+                    activations, labels = result.tensors
+                    chunk = self._forward(activations, labels, result.header["pieces"], upstream=up, slot=slot)
+                    received[slot] = chunk
+                elif not result.ok:
+                    report.missed += 1
+                    if result.reason.startswith("transfer"):  # the sender may think it delivered: close the way back
+                        self.links.abandon(self._name("b", step, slot, up, self.rank))
+            if self.last:
+                report.sent_to.append(None)
+                continue
+            down = rank_of(routes.next_replica(self.replica, self.stage, slot), self.stage + 1, self.S)
+            report.sent_to.append(down)
+            bundle = carry + ([chunk] if chunk is not None else [])
+            tensors, header = [], {"pieces": []}
+            if bundle:
+                tensors = [torch.cat([c.out.detach() for c in bundle]), torch.cat([c.labels for c in bundle])]
+                header["pieces"] = [p for c in bundle for p in c.pieces]
+            result = self.links.send(self._name("f", step, slot, self.rank, down), down, header, tensors)
+            if result.ok:
+                if bundle:
+                    sent[slot] = (down, bundle)
+                    if carry:
+                        report.retried += sum(len(c.pieces) for c in carry)
+                        log.info("rank %d step %d: %d piece(s) from slot %d delivered in slot %d to rank %d", self.rank,
+                                 step, sum(len(c.pieces) for c in carry), carried_since, slot, down)
+                carry, carried_since = [], None
+            else:
+                if result.reason.startswith("transfer"):
+                    self.links.abandon(self._name("b", step, slot, self.rank, down))
+                if bundle:
+                    report.failures += 1
+                    log.warning("rank %d step %d slot %d: hop to rank %d failed (%s); %d piece(s) %s", self.rank, step,
+                                slot, down, result.reason, len(header["pieces"]),
+                                "carried to the next slot" if slot + 1 < self.slots else "dropped")
+                    carry = bundle
+                    carried_since = slot if carried_since is None else carried_since
+        if carry:
+            report.dropped += sum(len(c.pieces) for c in carry)
+
+        # backward, in reverse slot order
+        for slot in reversed(range(self.slots)):
+            if self.last:
+                chunk = received.get(slot)
+                if chunk is not None:
+                    chunk.loss_terms.sum().backward()
+                    chunk.done = True
+                    report.pieces_ok += len(chunk.pieces)
+                    report.piece_ids.extend((p[0], p[1]) for p in chunk.pieces)
+                    report.losses.extend(chunk.losses)
+            elif slot in sent:
+                down, bundle = sent[slot]
+                result = self.links.recv(self._name("b", step, slot, self.rank, down), down)
+                if result.ok and result.tensors and not result.header.get("dropped"):
+                    grads = torch.split(result.tensors[0], [c.rows for c in bundle])
+                    torch.autograd.backward([c.out for c in bundle],
+                                            [g.to(self.device, c.out.dtype) for c, g in zip(bundle, grads)])
+                    losses = result.header.get("losses", [])
+                    at = 0
+                    for c in bundle:
+                        c.done = True
+                        c.losses = losses[at:at + len(c.pieces)]
+                        at += len(c.pieces)
+                        c.out = None  # free the graph's output
+                        report.pieces_ok += len(c.pieces)
+                        report.piece_ids.extend((p[0], p[1]) for p in c.pieces)
+                        report.losses.extend(c.losses)
+                else:
+                    report.grad_lost += sum(len(c.pieces) for c in bundle)
+            if self.first:
+                continue
+            chunk = received.get(slot)
+            if chunk is None:
+                continue
+            up = chunk.upstream
+            if chunk.done and chunk.x.grad is not None:
+                header = {"losses": chunk.losses, "dropped": False}
+                tensors = [chunk.x.grad]
+            else:
+                header, tensors = {"dropped": True}, []
+            self.links.send(self._name("b", step, slot, up, self.rank), up, header, tensors)
+            chunk.x = None
+
+        if self.first:
+            for slot, chunk in own.items():
+                if chunk.done and chunk.losses:
+                    report.own_losses[slot] = chunk.losses[0]
+        if report.pieces_ok > 0:
+            scale = 1.0 / report.pieces_ok
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return report
+
+    # ----- evaluation along identity routes
+    @torch.no_grad()
+    def evaluate(self, batches: list[torch.Tensor] | None, num_batches: int) -> tuple[float, int]:
+        """Summed next-token loss and token count of the validation batches, through replica d's own stages;
+        every stage returns the totals. Stage 0 passes the ``batches``."""
+        key = self._eval_count
+        self._eval_count += 1
+        up = rank_of(self.replica, self.stage - 1, self.S) if not self.first else None
+        down = rank_of(self.replica, self.stage + 1, self.S) if not self.last else None
+        total, tokens = 0.0, 0
+        for k in range(num_batches):
+            inputs = labels = None
+            if self.first:
+                inputs = labels = batches[k]
+            else:
+                result = self.links.recv(self._name("e", key, k, up, self.rank), up)
+                if result.ok and result.tensors:
+                    inputs, labels = result.tensors
+            out = None
+            if inputs is not None:
+                with autocast(self.device, self.bf16):
+                    out = self.module(inputs.to(self.device))
+            if self.last:
+                if out is not None:
+                    sums, counts = StageModule.token_losses(out, labels)
+                    total += float(sums.sum())
+                    tokens += int(counts.sum())
+                continue
+            tensors = [out, labels] if out is not None else []
+            self.links.send(self._name("e", key, k, self.rank, down), down, {}, tensors)
+        if not self.last:
+            result = self.links.recv(self._name("r", key, 0, self.rank, down), down)
+            total, tokens = (float(result.header["loss_sum"]), int(result.header["tokens"])) if result.ok else (0.0, 0)
+        if not self.first:
+            self.links.send(self._name("r", key, 0, up, self.rank), up, {"loss_sum": total, "tokens": tokens})
+        return total, tokens
+
+
+class PipelineReplica(Replica):
+    """One process of an M × S pipeline run: :class:`Replica`'s loop (outer steps, metrics, checkpoints,
+    stopping) around a :class:`PipelineEngine`."""
+
+    def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0):
+        S = config.stages
+        if world_size % S:
+            raise ValueError(f"{world_size} processes cannot hold {S} stages per replica (world size must be M × S)")
+        network = getattr(config, "network", None)  # the network model (issue 6) is not injected into pipeline hops
+        if network is not None and network.inject:
+            raise ValueError("network.inject is not supported with --stages > 1 yet")
+        M = world_size // S
+        replica, stage = position(rank, S)
+        # Data-parallel groups, one per stage: every rank creates every group, in the same order.
+        self.stage_groups = [dist.new_group([rank_of(d, s, S) for d in range(M)]) for s in range(S)] \
+            if world_size > 1 else [None]
+        super().__init__(config, rank, world_size, local_rank)
+        assert (self.replica, self.stage, self.replicas) == (replica, stage, M)
+        self.outer_comm = Communicator(rank=rank, world_size=M, timeout_s=config.exchange.timeout_s,
+                                       run_key=self.comm.run_key, store=self.comm.store,
+                                       group=self.stage_groups[stage] if M > 1 else None)
+        self.outer_comm.traffic = self.comm.traffic  # one set of outer-step counters per process
+        p = config.pipeline
+        self.links = PipeLinks(store=self.comm.store, rank=rank, key=self.comm.key, timeout_s=p.timeout_s,
+                               max_wait_s=p.max_wait_s)
+        self.engine = PipelineEngine(self.model, self.links, replica=replica, stage=stage, num_replicas=M,
+                                     num_stages=S, seed=config.seed, num_micro_batches=config.grad_accum * p.micro_batches,
+                                     retry_slots=p.retry_slots, routing=p.routing, device=self.device, bf16=self.bf16)
+        self.store_stop = True  # every method stops by agreement in the store (DDP's all-reduce is per stage)
+        self.totals = {"failures": 0, "retried": 0, "dropped": 0, "grad_lost": 0}
+        self.last_report: StepReport | None = None
+
+    # ----- hooks of Replica
+    def _build_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        stage = build_stage(model, self.stage, self.stages, recompute=self.config.pipeline.recompute)
+        return stage
+
+    def _load_weights(self, model_dir: Path) -> None:
+        self.model.load_saved(model_dir)
+
+    # ----- the inner step
+    def inner_step(self, stop_flag: bool) -> tuple[float, float, bool]:
+        config = self.config
+        faults = config.faults
+        if faults.stall_rank == self.rank and self.step in faults.stall_steps and faults.stall_s > 0:
+            log.warning("rank %d: injected stall of %.1fs at inner step %d", self.rank, faults.stall_s, self.step)
+            time.sleep(faults.stall_s)
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = None
+        if self.stage == 0:
+            k = config.pipeline.micro_batches
+            micro = []
+            for _ in range(config.grad_accum):
+                micro.extend(torch.chunk(self.data.sampler.next_batch(), k, dim=0))
+        report = self.engine.train_step(self.step, micro)
+        self.last_report = report
+        for key in self.totals:
+            self.totals[key] += getattr(report, key)
+        if self.method == "ddp" and self.replicas > 1:
+            self._all_reduce_gradients(False)
+        torch.nn.utils.clip_grad_norm_(self.params, config.inner.clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.stage == 0:
+            self.tokens += config.grad_accum * config.batch_size * config.seq_len
+        return report.loss, lr, stop_flag
+
+    def step_record(self) -> dict[str, Any]:
+        """Pipeline figures for this step's metrics line."""
+        r = self.last_report
+        if r is None:
+            return {}
+        record = {"stage": self.stage, "replica": self.replica, "pieces_ok": r.pieces_ok, "pipe_failures": r.failures,
+                  "pipe_retried": r.retried, "pipe_dropped": r.dropped, "pipe_grad_lost": r.grad_lost,
+                  **{f"pipe_{k}_total": v for k, v in self.totals.items()}, **self.links.traffic.as_dict()}
+        if self.config.pipeline.log_routes:
+            record["sent_to"] = r.sent_to
+            record["recv_from"] = r.recv_from
+        return record
+
+    # ----- evaluation
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        try:
+            total, tokens = self.engine.evaluate(self.val if self.stage == 0 else None, len(self.val))
+        finally:
+            self.model.train()
+        val_loss = total / tokens if tokens else math.nan
+        self.last_val = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0)) if tokens else math.nan}
+        return self.last_val
+
+    # ----- checkpoints: the pipeline's counters travel with the rest
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"stages": self.stages, "pipe_totals": dict(self.totals), "pipe_traffic": self.links.traffic.state_dict()}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        if state.get("stages", 1) != self.stages:
+            raise RuntimeError(f"the checkpoint was written with {state.get('stages', 1)} stage(s), not {self.stages}")
+        self.totals.update(state.get("pipe_totals", {}))
+        self.links.traffic.load_state_dict(state.get("pipe_traffic", {}))
