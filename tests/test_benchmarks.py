@@ -1,0 +1,161 @@
+"""The two SAPO benchmarks at tiny sizes, and their arithmetic on hand-made inputs.
+
+* ``benchmarks/sapo_throughput.py``: one short run against TRL's GRPOTrainer (every reported field present and
+  positive, TRL saw the node's prompts), and the decoding bound on a shape whose numbers are worked out by hand;
+* ``benchmarks/sapo_soak.py``: a short run that passes and writes its files, a run with a real leak injected
+  (memory held every round) that fails with exit status 1, and the growth detector on synthetic series.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+def _load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def throughput():
+    return _load("sapo_throughput")
+
+
+@pytest.fixture(scope="module")
+def soak():
+    return _load("sapo_soak")
+
+
+# ----------------------------------------------------------------------------- throughput
+def test_throughput_benchmark_runs_both_sides(throughput, tmp_path, capsys):
+    out = tmp_path / "throughput.md"
+    result = throughput.main(["--local", "2", "--group-size", "2", "--max-new-tokens", "4", "--repeats", "2",
+                              "--warmup", "1", "--threads", "1", "--out", str(out)])
+    for side in ("swarmlm", "trl"):
+        r = result[side]
+        for key in ("generation_tokens_per_s", "update_samples_per_s", "round_s", "bound_tokens_per_s",
+                    "fraction_of_bound"):
+            assert r[key] is not None and r[key] > 0, (side, key)
+        assert r["round_s"] >= r["update_s"] > 0 and r["round_s"] >= r["generation_s"] > 0
+        assert r["completion_tokens_per_round"] <= 2 * 2 * 4  # I x L x max_new_tokens, EOS included
+    assert len(result["raw"]["swarmlm"]) == len(result["raw"]["trl"]) == 2
+    assert result["trl_info"]["prompts_identical"] is True and result["trl_info"]["steps"] == 3
+    ours, theirs = result["swarmlm"], result["trl"]
+    assert result["ratios"]["round_s"] == pytest.approx(ours["round_s"] / theirs["round_s"])
+    assert result["ratios"]["generation_tokens_per_s"] == pytest.approx(
+        ours["generation_tokens_per_s"] / theirs["generation_tokens_per_s"])
+    assert result["hardware"]["memory_bandwidth_GBps"] > 0 and result["hardware"]["matmul_GFLOPs"] > 0
+    text = out.read_text()
+    assert "| whole round, s |" in text and "share of the bound reached" in text
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert saved["ratios"] == result["ratios"] and saved["command"].startswith("python benchmarks/sapo_throughput.py")
+    assert "| generation tokens/s |" in capsys.readouterr().out
+
+
+def test_decoding_bound_by_hand(throughput):
+    shape = throughput.ModelShape(param_bytes=1000, matmul_params=100, layers=2, heads=2, kv_heads=1, head_dim=4,
+                                  dtype_bytes=4)
+    assert shape.kv_bytes_per_token == 2 * 2 * 1 * 4 * 4  # K and V, 2 layers, 1 KV head of 4 floats
+    # one prompt of 3 tokens, two completions of 3 and 1 tokens (EOS included)
+    rows = [(3, 3), (3, 1)]
+    bound = throughput.generation_bound(shape, [3], rows, bandwidth=100.0, flops_rate=1000.0)
+    attn = 4 * 2 * 2 * 4  # per query per context token
+    assert bound["prefill_s"] == pytest.approx((2 * 100 * 3 + attn * 9 / 2) / 1000.0)
+    # decode steps s = 1, 2: only the first row is still active, with contexts 4 and 5
+    mem = [(1000 + 64 * 4) / 100.0, (1000 + 64 * 5) / 100.0]
+    comp = [(2 * 100 + attn * 4) / 1000.0, (2 * 100 + attn * 5) / 1000.0]
+    assert bound["decode_steps"] == 2 and bound["memory_bound_steps"] == 2
+    assert bound["decode_s"] == pytest.approx(sum(max(m, c) for m, c in zip(mem, comp)))
+    assert bound["total_s"] == pytest.approx(bound["prefill_s"] + bound["decode_s"])
+    # a fast memory makes the same steps compute-bound
+    fast = throughput.generation_bound(shape, [3], rows, bandwidth=1e9, flops_rate=1000.0)
+    assert fast["memory_bound_steps"] == 0 and fast["decode_s"] == pytest.approx(sum(comp))
+
+
+def test_hardware_rates_are_measured(throughput):
+    import torch
+
+    assert throughput.measure_bandwidth(torch.device("cpu"), mbytes=8, repeats=2) > 1e8
+    assert throughput.measure_matmul(torch.device("cpu"), size=128, repeats=2) > 1e7
+
+
+# ----------------------------------------------------------------------------- soak: the detector
+def test_growth_detector_on_synthetic_series(soak):
+    flat = [500 + 3 * math.sin(i) for i in range(300)]  # noise of a few MB, no trend
+    assert soak.detect_growth(flat, warmup=30, allowance_mb=10)["passed"]
+    warmup_only = [400 + i for i in range(30)] + flat[30:]  # growth during warm-up does not count
+    assert soak.detect_growth(warmup_only, warmup=30, allowance_mb=10)["passed"]
+    spike = list(flat)
+    spike[150] += 300  # one transient reading
+    assert soak.detect_growth(spike, warmup=30, allowance_mb=10)["passed"]
+    leak = [500 + 0.1 * i + math.sin(i) for i in range(300)]  # 100 KB a round: 27 MB after warm-up
+    verdict = soak.detect_growth(leak, warmup=30, allowance_mb=10)
+    assert not verdict["passed"] and verdict["slope_mb_per_round"] == pytest.approx(0.1, rel=0.05)
+    step = flat[:200] + [v + 40 for v in flat[200:]]  # memory that grew once and stayed
+    assert not soak.detect_growth(step, warmup=30, allowance_mb=10)["passed"]
+    peaks = [500.0] * 30 + [505.0] * 100 + [530.0] * 170
+    assert not soak.peak_growth(peaks, warmup=30, allowance_mb=10)["passed"]
+    assert soak.peak_growth(peaks, warmup=30, allowance_mb=40)["passed"]
+    with pytest.raises(ValueError):
+        soak.detect_growth([1.0] * 8, warmup=5, allowance_mb=1)
+
+
+def test_memory_readings(soak):
+    rss, peak = soak.current_rss_bytes(), soak.peak_rss_bytes()
+    assert 10 * soak.MB < rss <= peak * 1.05
+    held = bytearray(b"\x01") * (64 * soak.MB)  # touched, so resident
+    assert soak.current_rss_bytes() > rss + 48 * soak.MB
+    del held
+
+
+# ----------------------------------------------------------------------------- soak: short runs
+SHORT = ["--rounds", "10", "--warmup", "3", "--local", "1", "--group-size", "2", "--max-new-tokens", "4",
+         "--eval-every", "4", "--eval-size", "2", "--checkpoint-every", "5", "--threads", "1"]
+
+
+def test_soak_short_run_passes_and_writes_its_files(soak, tmp_path, capsys):
+    out = tmp_path / "soak"
+    assert soak.main([*SHORT, "--allowance-mb", "60", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("PASS: 10 rounds")
+    rows = (out / "rss.csv").read_text().splitlines()
+    assert rows[0] == "round,rss_mb,peak_rss_mb,python_objects,round_s" and len(rows) == 11
+    result = json.loads((out / "soak.json").read_text())
+    assert result["passed"] and result["rounds"] == 10 and len(result["series"]) == 10
+    assert all(r["peak_rss_mb"] >= r["rss_mb"] > 0 for r in result["series"])
+    assert (out / "rss.png").stat().st_size > 1000
+    assert (out / "node" / "metrics.jsonl").exists()
+
+
+def test_soak_fails_on_a_real_leak(soak, tmp_path, monkeypatch, capsys):
+    """Memory held every round (a list that keeps 12 MB a round, as a metrics history kept in memory would):
+    the soak must fail with exit status 1."""
+    from swarmlm.sapo.node import SAPONode
+
+    kept = []
+    original = SAPONode.run_round
+
+    def leaky(self, round):
+        kept.append(bytearray(b"\x01") * (12 * soak.MB))
+        return original(self, round)
+
+    monkeypatch.setattr(SAPONode, "run_round", leaky)
+    assert soak.main([*SHORT, "--allowance-mb", "40", "--out", str(tmp_path / "leak"), "--no-plot"]) == 1
+    assert capsys.readouterr().out.startswith("FAIL")
+    result = json.loads((tmp_path / "leak" / "soak.json").read_text())
+    assert result["rss"]["slope_mb_per_round"] == pytest.approx(12, rel=0.3)
+    kept.clear()
