@@ -396,7 +396,7 @@ class Replica:
                                               "tokens_per_s": config.grad_accum * config.batch_size * config.seq_len / step_time}
                     outer_due = self.method != "ddp" and (self.step % H == 0 or self.step == config.steps)
                     if self.method == "ddp" and self.step % H == 0 and config.log.model_std:
-                        record["model_std"] = self.comm.replica_std(self.theta())
+                        record["model_std"] = self.outer_comm.replica_std(self.theta())
                     if outer_due:
                         outer_started = time.perf_counter()
                         record.update(self.outer_step((self.step + H - 1) // H))
