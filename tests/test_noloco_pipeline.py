@@ -212,6 +212,8 @@ def test_hops_deliver_abandon_a_stalled_peer_and_recover():
     got = _threads({0: lambda: a.send("h1", 1, {"pieces": [[0, 1, 3]]}, [x, labels]), 1: lambda: b.recv("h1", 0)})
     assert got[0].ok and got[1].ok and got[1].header == {"pieces": [[0, 1, 3]]}
     assert torch.equal(got[1].tensors[0], x) and torch.equal(got[1].tensors[1], labels)
+    hop_keys = dist.PrefixStore(f"{cluster.run}/pp/h1/", cluster.master)
+    assert not hop_keys.check(["hdr"]) and not hop_keys.check(["arrived"])  # a finished hop leaves no keys behind
 
     # A stalled receiver: the sender gives up after about the timeout; the receiver, arriving late, finds
     # the hop abandoned and returns at once. Nothing is delivered to either side.
@@ -239,6 +241,10 @@ def test_hops_deliver_abandon_a_stalled_peer_and_recover():
                     1: wait_elsewhere_then_recv})
     (sent, sent_s), recv = got[0], got[1]
     assert sent.ok and sent_s > 0.9 and recv.ok and recv.header == {"n": 3} and torch.equal(recv.tensors[0], x * 3)
+
+    # Rank 2 is still silent (dead): the next hop with it is given up at once, not after another timeout.
+    started = time.monotonic()
+    assert not b.recv("h4", 2).ok and time.monotonic() - started < 0.5
 
 
 def _stage_worker(cluster: Cluster, rank: int, M: int, S: int, batches: dict, *, n: int, retry: int, routing: str,

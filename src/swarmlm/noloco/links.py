@@ -16,7 +16,8 @@ the two phases of NoLoCo's pair exchange (:mod:`swarmlm.noloco.exchange`), adapt
    heartbeat counter in the store (``beat/<rank>``, the key :class:`Communicator` uses too) on every
    hop and about twice a second while it waits. A stalled or dead peer stops beating and is abandoned
    after ``timeout_s``; a peer that waits for someone else keeps beating, and its wait is itself
-   bounded. ``max_wait_s`` caps any one wait regardless.
+   bounded. ``max_wait_s`` caps any one wait regardless. A peer given up on for silence is not waited
+   for again until its heartbeat moves: a dead process costs its neighbours one timeout, not one per hop.
 
 2. **Transfer** over a two-rank gloo process group per pair of neighbours (a *link*), created on first
    use and then kept (a fresh group per message would cost ~20 ms; a message on a kept link ~1 ms
@@ -113,6 +114,7 @@ class PipeLinks:
         self.traffic = HopTraffic()
         self._links: dict[int, tuple[int, dist.ProcessGroup]] = {}  # peer -> (epoch, two-rank gloo group)
         self._epochs: dict[int, int] = {}  # peer -> epoch this side is at
+        self._silent: dict[int, int] = {}  # peer -> its heartbeat when it was last given up on for silence
         self._last_beat = 0.0
         self._waiting = threading.Event()  # set while this process waits for a peer (see _wait_for_peer)
         self._beater: threading.Thread | None = None
@@ -208,6 +210,9 @@ class PipeLinks:
         for *this* process knows that it is alive and waiting, not stalled."""
         start = time.monotonic()
         last_beat = self._peer_beat(peer)
+        if self._silent.get(peer) == last_beat:
+            # Given up on before, and silent ever since (dead, or still stalled): do not wait again.
+            return ns.compare_set("status", "", ABANDONED)
         self._waiting_beats(True)
         try:
             while True:
@@ -221,11 +226,15 @@ class PipeLinks:
                     pass  # a whole window without an answer: is the peer still making progress?
                 beat = self._peer_beat(peer)
                 if beat == last_beat:
+                    self._silent[peer] = beat
                     break
                 last_beat = beat
         finally:
             self._waiting_beats(False)
-        return ns.compare_set("status", "", ABANDONED)
+        status = ns.compare_set("status", "", ABANDONED)
+        if status == GO:
+            self._silent.pop(peer, None)
+        return status
 
     def _waiting_beats(self, on: bool) -> None:
         if not on:
