@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from swarmlm.config import StrictModel
+from swarmlm.noloco.network import NetworkSection
 
 Method = Literal["noloco", "diloco", "ddp"]
 
@@ -153,6 +154,7 @@ class TrainConfig(StrictModel):
     log: LogSection = Field(default_factory=LogSection)
     faults: FaultSection = Field(default_factory=FaultSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    network: NetworkSection = Field(default_factory=NetworkSection)
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":

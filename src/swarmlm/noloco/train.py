@@ -36,7 +36,7 @@ from swarmlm.interrupts import graceful_interrupt
 from swarmlm.metrics import MetricsWriter
 from swarmlm.noloco.config import TrainConfig
 from swarmlm.noloco.data import replica_data, validation_batches
-from swarmlm.noloco.exchange import Communicator
+from swarmlm.noloco.emulation import make_communicator
 from swarmlm.noloco.groups import group_of, make_groups
 from swarmlm.noloco.outer import DiLoCoOuter, group_means, noloco_step, noloco_step_fast
 
@@ -136,8 +136,8 @@ class Replica:
                                  batch_size=config.batch_size, seed=config.seed)
         self.val = validation_batches(self.data.val_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
                                       num_batches=config.eval_batches)
-        self.comm = Communicator(rank=rank, world_size=world_size, timeout_s=config.exchange.timeout_s,
-                                 run_key=self._run_key())
+        self.comm = make_communicator(config.network, rank=rank, world_size=world_size,
+                                      timeout_s=config.exchange.timeout_s, run_key=self._run_key())
         self.outer_comm = self.comm  # the outer step's communicator: the stage's replica group in a pipeline
         self.step = 0
         self._stop_at: int | None = None

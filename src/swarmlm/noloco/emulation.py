@@ -1,0 +1,186 @@
+"""The injected network model: a :class:`Communicator` whose every message waits for the modelled link
+(see :mod:`swarmlm.noloco.network` for the model and why it was chosen), and all-reduce algorithms run
+over point-to-point messages so that their hops can be delayed one by one."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from swarmlm.noloco.exchange import Communicator
+from swarmlm.noloco.network import LinkModel, NetworkSection
+
+log = logging.getLogger(__name__)
+
+
+class EmulatedCommunicator(Communicator):
+    """:class:`Communicator` over an emulated link: every message sleeps ``link.message_s(bytes)`` before
+    it is sent. NoLoCo's exchange keeps its rendezvous and fresh per-link groups; DiLoCo's and DDP's
+    all-reduce runs as ``link.algorithm`` over point-to-point messages (gloo), so latency accumulates hop by
+    hop. The store operations (rendezvous, heartbeats) are not delayed."""
+
+    def __init__(self, *, link: LinkModel, p2p_group: dist.ProcessGroup | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.link = link
+        self.p2p_group = p2p_group  # a gloo group over all ranks (None = the default group)
+        self.delay_s = 0.0  # injected seconds, cumulative
+
+    def _delay(self, nbytes: int) -> None:
+        seconds = self.link.message_s(nbytes)
+        if seconds > 0:
+            time.sleep(seconds)
+            self.delay_s += seconds
+
+    # NoLoCo: one delayed message each way, concurrently, per link
+    def _send_recv(self, pg, ranks, payload, buffer, peer_index):
+        self._delay(payload.numel() * payload.element_size())
+        return Communicator._send_recv(pg, ranks, payload, buffer, peer_index)
+
+    # DiLoCo / DDP
+    def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        if self.world_size > 1:
+            direct = tensor.device.type == "cpu" and tensor.is_contiguous()
+            host = tensor if direct else tensor.detach().to("cpu").contiguous().clone()
+            algorithm = self.link.algorithm
+            if algorithm == "best":
+                algorithm = self.link.best_algorithm(host.numel() * host.element_size(), self.world_size)
+            emulated_allreduce_sum_(host, self.rank, self.world_size, algorithm, self._delay, self.p2p_group)
+            if host is not tensor:
+                tensor.copy_(host)
+            tensor.div_(self.world_size)
+            moved = int(2 * (self.world_size - 1) / self.world_size * tensor.numel() * tensor.element_size())
+            self.traffic.bytes_sent += moved
+            self.traffic.bytes_recv += moved
+        self.traffic.seconds += time.perf_counter() - started
+        return tensor
+
+
+def _exchange(tensor_out: torch.Tensor, tensor_in: torch.Tensor, peer: int, group) -> None:
+    """Send ``tensor_out`` to ``peer`` and receive ``tensor_in`` from it, concurrently."""
+    ops = [dist.P2POp(dist.isend, tensor_out, peer, group=group), dist.P2POp(dist.irecv, tensor_in, peer, group=group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+def emulated_allreduce_sum_(x: torch.Tensor, rank: int, world: int, algorithm: str, delay, group=None) -> torch.Tensor:
+    """Sum ``x`` (1-D, CPU, contiguous) over all ranks in place, by ``algorithm`` over point-to-point
+    messages; ``delay(nbytes)`` is called before every send. Ranks are global ranks of ``group``."""
+    x = x.view(-1)
+    if world <= 1:
+        return x
+    if algorithm == "ring":
+        _ring(x, rank, world, delay, group)
+    elif algorithm == "tree":
+        _tree(x, rank, world, delay, group)
+    elif algorithm == "halving_doubling":
+        _halving_doubling(x, rank, world, delay, group)
+    else:
+        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
+    return x
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _ring(x: torch.Tensor, rank: int, world: int, delay, group) -> None:
+    chunks = list(torch.tensor_split(x, world))
+    right, left = (rank + 1) % world, (rank - 1) % world
+    buffer = torch.empty(chunks[0].numel(), dtype=x.dtype)
+    for s in range(world - 1):  # reduce-scatter: after it, rank r holds the full sum of chunk (r + 1) % world
+        send, recv = chunks[(rank - s) % world], chunks[(rank - s - 1) % world]
+        delay(_nbytes(send))
+        ops = [dist.P2POp(dist.isend, send.clone(), right, group=group),
+               dist.P2POp(dist.irecv, buffer[:recv.numel()], left, group=group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        recv.add_(buffer[:recv.numel()])
+    for s in range(world - 1):  # all-gather
+        send, recv = chunks[(rank - s + 1) % world], chunks[(rank - s) % world]
+        delay(_nbytes(send))
+        ops = [dist.P2POp(dist.isend, send.clone(), right, group=group),
+               dist.P2POp(dist.irecv, buffer[:recv.numel()], left, group=group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        recv.copy_(buffer[:recv.numel()])
+
+
+def _tree(x: torch.Tensor, rank: int, world: int, delay, group) -> None:
+    buffer = torch.empty_like(x)
+    mask = 1
+    while mask < world:  # binomial reduce to rank 0
+        if rank & mask:
+            delay(_nbytes(x))
+            dist.send(x, rank - mask, group=group)
+            break
+        if rank + mask < world:
+            dist.recv(buffer, rank + mask, group=group)
+            x.add_(buffer)
+        mask <<= 1
+    # binomial broadcast from rank 0, in the reverse order
+    top = 1 << max(0, math.ceil(math.log2(world)) - 1)
+    mask = top
+    received = rank == 0
+    while mask >= 1:
+        if received and rank + mask < world and rank % (2 * mask) == 0:
+            delay(_nbytes(x))
+            dist.send(x, rank + mask, group=group)
+        elif not received and rank % (2 * mask) == mask:
+            dist.recv(x, rank - mask, group=group)
+            received = True
+        mask >>= 1
+
+
+def _halving_doubling(x: torch.Tensor, rank: int, world: int, delay, group) -> None:
+    p = 1 << (world.bit_length() - 1)
+    extra = world - p
+    if rank >= p:  # fold in: hand the tensor to rank - p, get the sum back at the end
+        delay(_nbytes(x))
+        dist.send(x, rank - p, group=group)
+        dist.recv(x, rank - p, group=group)
+        return
+    if rank < extra:
+        buffer = torch.empty_like(x)
+        dist.recv(buffer, rank + p, group=group)
+        x.add_(buffer)
+    lo, hi = 0, x.numel()
+    segments = []
+    mask = p >> 1
+    while mask >= 1:  # reduce-scatter by recursive halving
+        partner = rank ^ mask
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if rank & mask == 0 else ((mid, hi), (lo, mid))
+        incoming = torch.empty(keep[1] - keep[0], dtype=x.dtype)
+        outgoing = x[give[0]:give[1]]
+        delay(_nbytes(outgoing))
+        _exchange(outgoing.clone(), incoming, partner, group)
+        x[keep[0]:keep[1]].add_(incoming)
+        segments.append(((lo, hi), keep, give, partner))
+        lo, hi = keep
+        mask >>= 1
+    for (_whole, keep, give, partner) in reversed(segments):  # all-gather by recursive doubling
+        incoming = torch.empty(give[1] - give[0], dtype=x.dtype)
+        outgoing = x[keep[0]:keep[1]]
+        delay(_nbytes(outgoing))
+        _exchange(outgoing.clone(), incoming, partner, group)
+        x[give[0]:give[1]].copy_(incoming)
+    if rank < extra:
+        delay(_nbytes(x))
+        dist.send(x, rank + p, group=group)
+
+
+def make_communicator(section: NetworkSection, **kwargs) -> Communicator:
+    """The plain :class:`Communicator`, or an :class:`EmulatedCommunicator` when the link is injected."""
+    if not section.inject:
+        return Communicator(**kwargs)
+    link = LinkModel.from_config(section)
+    p2p_group = None
+    if dist.is_initialized() and dist.get_backend() != "gloo":
+        p2p_group = dist.new_group(backend="gloo")  # the emulation sends host tensors point to point
+    log.info("rank %d: injecting a network of %s into every message", kwargs.get("rank", -1), link.describe())
+    return EmulatedCommunicator(link=link, p2p_group=p2p_group, **kwargs)
