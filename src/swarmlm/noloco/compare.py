@@ -1,0 +1,374 @@
+"""``swarmlm noloco compare``: DDP, DiLoCo and NoLoCo trained alike, compared on validation perplexity
+against step and against a simulated wall-clock.
+
+Every method runs with the same model, data, seed, token budget (steps × batch × sequence per replica)
+and inner hyperparameters; each method's outer hyperparameters are the SPEC's:
+
+- ``ddp``: all-reduce of the gradients every step;
+- ``diloco``: the DiLoCo paper's outer optimizer, Nesterov SGD, lr 0.7, momentum 0.9;
+- ``diloco-hb``: the NoLoCo reference's DiLoCo baseline, heavy-ball SGD, lr 0.7, momentum 0.3;
+- ``noloco``: α = 0.5, β = γ = 0.7, heavy-ball, random pairs (SPEC B.2).
+
+Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of them.
+
+Each (M, seed, method) is one ``noloco train`` run under ``DIR/runs/M<M>/seed-<s>/<method>/``. A finished
+run is reused and an interrupted one resumes from its checkpoints, so the command is resumable.
+
+The simulated wall-clock (see :mod:`swarmlm.noloco.network`) is measured compute plus modelled
+communication:
+
+- compute: by default (``--compute calibrated``) the CPU time of one replica's inner step, measured here
+  in this process on one thread (``DIR/calibration.json``), the same for every method and every M. CPU
+  time does not count the time a process waits for a core, so it is what one replica would take alone.
+  ``--compute measured`` uses instead each rank's measured wall time per step in its run. On this
+  oversubscribed machine, that charges the all-reduce methods for the time-sharing noise;
+- communication: the link model's cost of every synchronisation the method makes. Ranks that
+  synchronise wait for each other first: all ranks for an all-reduce, the pair for NoLoCo.
+
+Evaluation and the model-std measurement are not part of any method, and are not on the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import Field, field_validator
+
+from swarmlm.config import ConfigError, StrictModel, dump_config
+from swarmlm.metrics import read_jsonl
+from swarmlm.noloco.config import DataSection, ExchangeSection, InnerSection, NoLoCoSection, OuterSection, TrainConfig
+from swarmlm.noloco.network import LinkModel, NetworkSection, simulate_clock
+
+log = logging.getLogger(__name__)
+
+Variant = Literal["ddp", "diloco", "diloco-hb", "noloco"]
+
+# Each method's outer hyperparameters, from the SPEC (B.2, B.4); never tuned here.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ddp": {"method": "ddp"},
+    "diloco": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.9, "nesterov": True}},
+    "diloco-hb": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.3, "nesterov": False}},
+    "noloco": {"method": "noloco"},
+}
+DESCRIPTIONS = {
+    "ddp": "data parallel: all-reduce of the gradients every step",
+    "diloco": "DiLoCo, outer Nesterov SGD lr 0.7 momentum 0.9 (DiLoCo paper)",
+    "diloco-hb": "DiLoCo, outer heavy-ball SGD lr 0.7 momentum 0.3 (NoLoCo reference)",
+    "noloco": "NoLoCo, pairs, α 0.5, β = γ 0.7, heavy-ball",
+}
+REFERENCES = ("diloco", "diloco-hb")
+
+
+def _list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (int, float)):
+        return [value]
+    return value
+
+
+class CompareNetworkSection(NetworkSection):
+    """The link of the simulated wall-clock; by default 100 ms and 1 Gbit/s between every two replicas."""
+
+    latency_ms: float = Field(100.0, ge=0, description="one-way latency of every message between replicas (ms)")
+    bandwidth_gbit: float = Field(1.0, ge=0, description="bandwidth of every link (Gbit/s); 0 = unlimited")
+
+
+class CompareConfig(StrictModel):
+    """``swarmlm noloco compare``: the three methods (and both DiLoCo baselines), trained alike."""
+
+    out: str = Field("runs/noloco-compare", description="output directory (results.json, results.md, ppl.png, std.png)")
+    replicas: list[int] = Field([4], description="M values to compare (e.g. 2,4,8)")
+    methods: list[Variant] = Field(["ddp", "diloco", "diloco-hb", "noloco"], description="methods to train")
+    seeds: list[int] = Field([0], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
+    model: str = Field("tiny-llama", description="model preset, directory or hub id (the same for every method)")
+    steps: int = Field(300, ge=1, description="inner steps per replica (the same token budget for every method)")
+    seq_len: int = Field(128, ge=8)
+    batch_size: int = Field(8, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    eval_every: int = Field(30, ge=0, description="validation every K steps (the perplexity curves' resolution)")
+    eval_batches: int = Field(16, ge=1)
+    checkpoint_every: int = Field(100, ge=0)
+    inner: InnerSection = Field(default_factory=InnerSection)
+    outer: OuterSection = Field(default_factory=OuterSection)
+    noloco: NoLoCoSection = Field(default_factory=NoLoCoSection, description="NoLoCo's outer step (defaults: the SPEC's)")
+    data: DataSection = Field(default_factory=DataSection)
+    exchange: ExchangeSection = Field(default_factory=ExchangeSection)
+    network: CompareNetworkSection = Field(default_factory=CompareNetworkSection, description="the link of the simulated wall-clock")
+    compute: Literal["calibrated", "measured"] = Field(
+        "calibrated", description="compute time per inner step on the simulated clock: calibrated = one replica's CPU "
+                                  "time per step measured here (the same for all); measured = each rank's wall time in its run")
+    calibration_steps: int = Field(12, ge=2, description="inner steps timed for the calibration (the first is a warm-up)")
+    progress: bool = Field(True, description="progress bars")
+
+    @field_validator("replicas", "methods", "seeds", mode="before")
+    @classmethod
+    def _comma_lists(cls, value: Any) -> Any:
+        value = _list(value)
+        return [int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for v in value]
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, values: list[int]) -> list[int]:
+        if not values or min(values) < 2:
+            raise ValueError("every M must be at least 2")
+        return sorted(set(values))
+
+
+def run_dir(out: str | Path, m: int, seed: int, variant: str) -> Path:
+    return Path(out) / "runs" / f"M{m}" / f"seed-{seed}" / variant
+
+
+def train_config(config: CompareConfig, m: int, seed: int, variant: str) -> TrainConfig:
+    """The ``noloco train`` configuration of one run: everything shared, except the method and its outer step."""
+    spec = VARIANTS[variant]
+    data = {
+        "method": spec["method"], "nproc": m, "out": str(run_dir(config.out, m, seed, variant)), "model": config.model,
+        "steps": config.steps, "seq_len": config.seq_len, "batch_size": config.batch_size, "grad_accum": config.grad_accum,
+        "seed": seed, "eval_every": config.eval_every, "eval_batches": config.eval_batches,
+        "checkpoint_every": config.checkpoint_every, "keep_checkpoints": 1, "progress": False,
+        "inner": config.inner.model_dump(), "outer": config.outer.model_dump(), "noloco": config.noloco.model_dump(),
+        "data": config.data.model_dump(), "exchange": config.exchange.model_dump(),
+    }
+    if "diloco" in spec:
+        data["diloco"] = spec["diloco"]
+    if config.network.inject:  # the link really delays the run's messages; otherwise it is only modelled
+        data["network"] = config.network.model_dump()
+    return TrainConfig.model_validate(data)
+
+
+_VOLATILE = {"progress", "resume", "stop_after"}
+
+
+def _same_settings(saved: Any, wanted: Any, default: Any) -> bool:
+    """Whether a saved run's settings are ``wanted``. A setting the saved file lacks (an option added since)
+    counts as its default; a setting only the saved file has (an option removed since) is ignored."""
+    if isinstance(wanted, dict) and isinstance(saved, dict):
+        default = default if isinstance(default, dict) else {}
+        return all(_same_settings(saved[k], v, default.get(k)) if k in saved else v == default.get(k)
+                   for k, v in wanted.items())
+    return saved == wanted
+
+
+def _same_run(existing: dict[str, Any], wanted: TrainConfig) -> bool:
+    mine = {k: v for k, v in wanted.model_dump(mode="json").items() if k not in _VOLATILE}
+    return _same_settings(existing, mine, TrainConfig().model_dump(mode="json"))
+
+
+def finished(run: TrainConfig) -> bool:
+    summary = Path(run.out) / "summary.json"
+    if not summary.exists():
+        return False
+    data = json.loads(summary.read_text())
+    ranks = data.get("ranks", {})
+    return (data.get("steps") == run.steps and len(ranks) == run.nproc
+            and all(r.get("completed") for r in ranks.values()) and not data.get("interrupted"))
+
+
+# ----------------------------------------------------------------------------------------------
+# compute calibration
+# ----------------------------------------------------------------------------------------------
+def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
+    """CPU and wall time of one replica's inner step (forward, backward, clipping, AdamW), on one thread,
+    measured in this process; cached in ``path`` for the same model and batch shape."""
+    key = {"model": config.model, "seq_len": config.seq_len, "batch_size": config.batch_size,
+           "grad_accum": config.grad_accum, "optimizer": config.inner.optimizer, "steps": config.calibration_steps}
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return cached
+    import os
+
+    import torch
+
+    from swarmlm.models import load_model
+    from swarmlm.noloco.commands import load_tokenizer
+    from swarmlm.noloco.data import prepare, replica_data
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        prepare(config.data, load_tokenizer(config.model))
+        loaded = load_model(config.model, seed=0)
+        model = loaded.model.to("cpu")
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        inner = config.inner
+        if inner.optimizer == "adamw":
+            optimizer = torch.optim.AdamW(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps,
+                                          weight_decay=inner.weight_decay)
+        else:
+            optimizer = torch.optim.Adam(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps)
+        data = replica_data(config.data, loaded.tokenizer, replica=0, num_replicas=1, seq_len=config.seq_len,
+                            batch_size=config.batch_size, seed=0)
+        cpu, wall = [], []
+        for i in range(config.calibration_steps):
+            c0, w0 = time.process_time(), time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            for _ in range(config.grad_accum):
+                batch = data.sampler.next_batch()
+                loss = model(input_ids=batch, labels=batch).loss / config.grad_accum
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, inner.clip)
+            optimizer.step()
+            if i > 0:
+                cpu.append(time.process_time() - c0)
+                wall.append(time.perf_counter() - w0)
+        numel = sum(p.numel() for p in params)
+    finally:
+        torch.set_num_threads(threads)
+    result = {"key": key, "cpu_s_per_step": statistics.median(cpu), "wall_s_per_step": statistics.median(wall),
+              "cpu_s_all": cpu, "wall_s_all": wall, "threads": 1, "parameters": numel,
+              "loadavg": os.getloadavg(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# reading one run
+# ----------------------------------------------------------------------------------------------
+def load_run(run: TrainConfig) -> dict[int, list[dict[str, Any]]]:
+    from swarmlm.noloco.train import rank_dir
+
+    return {r: read_jsonl(rank_dir(run.out, r) / "metrics.jsonl") for r in range(run.nproc)}
+
+
+def measured_compute(records: dict[int, list[dict[str, Any]]], steps: int) -> np.ndarray:
+    """``[M, steps]`` wall seconds of compute per inner step, from each rank's cumulative ``compute_s``. At
+    outer steps that figure also holds the model-std measurement (a collective that waits for the other
+    ranks, not part of any method), so those steps take the rank's median step instead."""
+    out = np.zeros((len(records), steps))
+    for r, rows in records.items():
+        by_step = {row["step"]: row for row in rows if "compute_s" in row}
+        previous = 0.0
+        deltas, outer = [], set()
+        for s in range(1, steps + 1):
+            row = by_step.get(s)
+            value = row["compute_s"] if row else previous
+            deltas.append(max(0.0, value - previous))
+            previous = value
+            if row and "outer_step" in row:
+                outer.add(s)
+        typical = statistics.median([d for i, d in enumerate(deltas, 1) if i not in outer] or deltas)
+        out[r] = [typical if s in outer else d for s, d in enumerate(deltas, 1)]
+    return out
+
+
+def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: dict[int, list[dict[str, Any]]],
+                calibration: dict[str, Any], link: LinkModel) -> dict[str, Any]:
+    """The curves and final figures of one run, with its simulated clock under both compute models."""
+    from swarmlm.noloco.groups import make_groups
+
+    m, steps, every = run.nproc, run.steps, run.outer.every
+    numel = calibration["parameters"]
+    if run.method == "ddp":
+        nbytes = 4 * (numel + 1)  # the gradients and the stop flag
+    elif run.method == "noloco" and run.noloco.beta != run.noloco.gamma:
+        nbytes = 8 * numel  # θ and φ
+    else:
+        nbytes = 4 * numel  # DiLoCo's pseudo-gradient, or NoLoCo's θ
+
+    def groups(k: int):
+        return make_groups(m, run.noloco.group_size, run.seed, k, run.noloco.leftover)
+
+    measured = measured_compute(records, steps)
+    clocks = {
+        "calibrated": simulate_clock(run.method, np.full((m, steps), calibration["cpu_s_per_step"]), link=link,
+                                     every=every, nbytes=nbytes, groups=groups),
+        "measured": simulate_clock(run.method, measured, link=link, every=every, nbytes=nbytes, groups=groups),
+    }
+    comm_free = {"calibrated": steps * calibration["cpu_s_per_step"], "measured": float(measured.sum(axis=1).max())}
+    evals: dict[int, list[float]] = {}
+    for rows in records.values():
+        for row in rows:
+            if row.get("val_loss") is not None:
+                evals.setdefault(row["step"], []).append(row["val_loss"])
+    eval_steps = sorted(s for s, v in evals.items() if len(v) == m)
+    curve = []
+    for s in eval_steps:
+        loss = sum(evals[s]) / m
+        point = {"step": s, "val_loss": loss, "val_ppl": math.exp(loss), "val_ppl_ranks": [math.exp(v) for v in evals[s]]}
+        for name, clock in clocks.items():
+            point[f"sim_s_{name}"] = 0.0 if s == 0 else float(clock[:, s - 1].max())
+        curve.append(point)
+    std = [{"step": row["step"], "before": row.get("model_std_fast"), "after": row.get("model_std")}
+           for row in records[0] if row.get("model_std") is not None]
+    last = {r: rows[-1] for r, rows in records.items() if rows}
+    final = curve[-1] if curve and curve[-1]["step"] == steps else None
+    return {
+        "variant": variant, "method": run.method, "M": m, "seed": run.seed, "steps": steps, "out": run.out,
+        "final_val_ppl": final["val_ppl"] if final else None,
+        "final_val_ppl_ranks": final["val_ppl_ranks"] if final else None,
+        "curve": curve, "model_std": std,
+        "message_bytes": nbytes,
+        "bytes_sent_per_rank": max((row.get("bytes_sent", 0) for row in last.values()), default=0),
+        "measured_comm_s": max((row.get("comm_s", 0.0) for row in last.values()), default=0.0),
+        "measured_compute_s_per_step": float(np.median(measured)),
+        "sim_s": {name: float(clock[:, -1].max()) for name, clock in clocks.items()},
+        "sim_comm_s": {name: float(clock[:, -1].max()) - comm_free[name] for name, clock in clocks.items()},
+        "skipped_total": sum(row.get("skipped_total", 0) or 0 for row in last.values()),
+        "wall_s": json.loads((Path(run.out) / "summary.json").read_text()).get("wall_s")
+        if (Path(run.out) / "summary.json").exists() else None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# the command
+# ----------------------------------------------------------------------------------------------
+def plan(config: CompareConfig) -> list[tuple[int, int, str]]:
+    return [(m, s, v) for m in config.replicas for s in config.seeds for v in config.methods]
+
+
+def run_compare(config: CompareConfig) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from swarmlm.noloco.commands import run_training
+    from swarmlm.noloco.compare_report import write_report
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(config, out / "config.yaml")
+    started = time.time()
+    runs = plan(config)
+    for m, seed, variant in runs:  # check every reused run before training anything
+        run = train_config(config, m, seed, variant)
+        saved = Path(run.out) / "config.yaml"
+        if saved.exists() and not _same_run(yaml.safe_load(saved.read_text()) or {}, run):
+            raise ConfigError(f"{run.out} holds a run with other settings; use another --out, or delete it")
+    calibration = calibrate(config, out / "calibration.json")
+    bar = tqdm(runs, desc="compare runs", unit="run", disable=not config.progress)
+    timings: dict[str, float] = {}
+    for m, seed, variant in bar:
+        run = train_config(config, m, seed, variant)
+        bar.set_postfix(M=m, seed=seed, method=variant)
+        if finished(run):
+            continue
+        t0 = time.time()
+        summary = run_training(run)
+        timings[f"M{m}/seed-{seed}/{variant}"] = round(time.time() - t0, 1)
+        if summary.get("interrupted"):
+            raise KeyboardInterrupt  # its checkpoints are saved; the same command resumes
+    link = LinkModel.from_config(config.network)
+    numbers = [run_numbers(config, train_config(config, m, s, v), v, load_run(train_config(config, m, s, v)), calibration, link)
+               for m, s, v in runs]
+    results = write_report(config, numbers, calibration, link, wall_s=round(time.time() - started, 1), timings=timings)
+    return results
+
+
+def compare_command(config: CompareConfig) -> int:
+    try:
+        run_compare(config)
+    except KeyboardInterrupt:
+        print(f"interrupted; run the same command again to resume ({config.out})")
+        return 130
+    print((Path(config.out) / "results.md").read_text())
+    print(f"wrote {config.out}/results.json, results.md, ppl.png, std.png")
+    return 0
