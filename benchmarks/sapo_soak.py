@@ -2,6 +2,7 @@
 
     python benchmarks/sapo_soak.py                         # 300 rounds of the tiny preset, a few minutes
     python benchmarks/sapo_soak.py --rounds 2000 --out runs/soak
+    python benchmarks/sapo_soak.py --nodes 2               # two nodes in this process, sharing rollouts (J = I)
 
 Every round (generation, scoring, publishing, the update, and, on their schedule, evaluation, metrics with
 TensorBoard, checkpoints) the process's current RSS (``/proc/self/status`` VmRSS) and peak RSS
@@ -96,9 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=30, help="rounds before memory must be flat")
     ap.add_argument("--allowance-mb", type=float, default=25.0, help="largest growth after warm-up that passes")
     ap.add_argument("--model", default="tiny-qwen2")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes in this process (more than 1: they share rollouts)")
     ap.add_argument("--local", type=int, default=2, help="questions per round (I)")
+    ap.add_argument("--external", type=int, default=None, help="external groups per round (J; default I when --nodes > 1)")
     ap.add_argument("--group-size", type=int, default=4, help="completions per question (L)")
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--warmstart", action="store_true",
+                    help="start from the preset's format warm start (rewards vary, so external groups get used)")
     ap.add_argument("--eval-every", type=int, default=25, help="held-out evaluation every E rounds")
     ap.add_argument("--eval-size", type=int, default=8, help="held-out questions")
     ap.add_argument("--checkpoint-every", type=int, default=50)
@@ -115,31 +120,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from swarmlm.sapo.config import SAPOConfig
-    from swarmlm.sapo.node import SAPONode
+    from swarmlm.sapo.node import SAPONode, initial_model_path
     from swarmlm.sapo.transports.in_process import InProcessHub
 
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sapo-soak-"))
     out.mkdir(parents=True, exist_ok=True)
+    external = args.external if args.external is not None else (args.local if args.nodes > 1 else 0)
     config = SAPOConfig(
-        model={"name": args.model, "device": args.device, "warmstart": "never"},
+        model={"name": args.model, "device": args.device, "warmstart": "auto" if args.warmstart else "never"},
         generation={"group_size": args.group_size, "max_new_tokens": args.max_new_tokens},
-        tasks={"eval_size": args.eval_size}, local=args.local, external=0, rounds=args.rounds,
+        tasks={"eval_size": args.eval_size}, local=args.local, external=external, rounds=args.rounds,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        sharing={"collect_timeout": 5.0},
     )
-    node = SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), out / "node", args.model, resume=False,
-                    tensorboard=not args.no_tensorboard)
+    initial = initial_model_path(config, progress=False)
+    hub = InProcessHub(args.nodes)
+    nodes = [SAPONode(config, k, hub.endpoint(f"node-{k}"), out / (f"node-{k}" if args.nodes > 1 else "node"),
+                      initial, resume=False, tensorboard=not args.no_tensorboard) for k in range(args.nodes)]
     rows = []
     started = time.perf_counter()
     try:
         for t in range(1, args.rounds + 1):
             t0 = time.perf_counter()
-            node.run_round(t)
-            rows.append({"round": t, "rss_mb": current_rss_bytes() / MB, "peak_rss_mb": peak_rss_bytes() / MB,
+            if len(nodes) == 1:
+                nodes[0].run_round(t)
+            else:  # in lockstep, as `sapo simulate` runs them: all publish, then all learn
+                played = [(n, n.play(t)) for n in nodes]
+                for n, own in played:
+                    n.learn(own, t0)
+            rss = current_rss_bytes()  # the kernel's peak can lag the current reading a little: keep the larger
+            rows.append({"round": t, "rss_mb": rss / MB, "peak_rss_mb": max(rss, peak_rss_bytes()) / MB,
                          "python_objects": len(gc.get_objects()), "round_s": time.perf_counter() - t0})
     finally:
-        node.close()
+        for n in nodes:
+            n.close()
     wall = time.perf_counter() - started
     warmup = min(args.warmup, max(0, args.rounds - 6))
     rss = detect_growth([r["rss_mb"] for r in rows], warmup, args.allowance_mb)
@@ -159,7 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         writer.writerows(rows)
     (out / "soak.json").write_text(json.dumps(result, indent=1))
     if not args.no_plot:
-        plot(rows, warmup, out / "rss.png", title=f"{args.model}, I={args.local}, L={args.group_size}")
+        plot(rows, warmup, out / "rss.png", title=f"{args.model}, {args.nodes} node(s), I={args.local}, J={external}, "
+                                                  f"L={args.group_size}")
     result["out"] = str(out)
     return result
 

@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = SAPOConfig(
         model={"name": str(model_dir), "device": args.device, "dtype": args.dtype, "warmstart": "never"},
         generation={"group_size": L, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                    "max_batch": args.max_batch, "engine": args.engine},
+                    "max_batch": args.max_batch, **({"engine": args.engine} if args.engine != "hf" else {})},
         grpo={"lr": args.lr, "micro_batch_size": args.micro_batch_size},
         local=I, external=0, rounds=10 ** 6, eval_every=0, checkpoint_every=10 ** 6, seed=args.seed,
     )
@@ -260,17 +260,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     sapo_samples: list[Sample] = []
     gen_log: dict[str, Any] = {}
-    orig_generate = node.engine.generate
 
-    def timed_generate(prompt_ids, **kw):
-        t = time.perf_counter()
-        out = orig_generate(prompt_ids, **kw)
-        gen_log["s"] = time.perf_counter() - t
-        gen_log["rows"] = [(len(g.prompt_ids), len(c) + f) for g in out for c, f in zip(g.completion_ids, g.finished)]
-        gen_log["prompts"] = [len(g.prompt_ids) for g in out]
-        return out
+    def timed(generate):
+        def timed_generate(*a, **kw):
+            t = time.perf_counter()
+            out = generate(*a, **kw)
+            gen_log["s"] = time.perf_counter() - t
+            gen_log["rows"] = [(len(g.prompt_ids), len(c) + f) for g in out for c, f in zip(g.completion_ids, g.finished)]
+            gen_log["prompts"] = [len(g.prompt_ids) for g in out]
+            return out
+        return timed_generate
 
-    node.engine.generate = timed_generate  # timing only; the engine's own method does the work
+    # timing only; the engine's own method does the work
+    if hasattr(node, "engine"):
+        node.engine.generate = timed(node.engine.generate)
+    else:  # a checkout from before generation engines (to measure it: PYTHONPATH=<checkout>/src)
+        import swarmlm.sapo.node as node_module
+
+        node_module.generate_completions = timed(node_module.generate_completions)
 
     def sapo_round(k: int) -> None:
         t = time.perf_counter()
