@@ -29,7 +29,8 @@ from swarmlm.distributed import free_port
 from swarmlm.models import load_model
 from swarmlm.noloco.links import PipeLinks
 from swarmlm.noloco.pipeline import StageModule, build_stage, build_stages, split_layers
-from swarmlm.noloco.pipeline_train import PipelineEngine
+from swarmlm.noloco.config import TrainConfig
+from swarmlm.noloco.pipeline_train import PipelineEngine, activation_bytes, gpipe_step_s
 from swarmlm.noloco.routing import Routes, position, rank_of, route_permutations
 
 
@@ -261,8 +262,13 @@ def _stage_worker(cluster: Cluster, rank: int, M: int, S: int, batches: dict, *,
             time.sleep(stall_s)
         report = engine.train_step(1, batches[replica] if stage == 0 else None)
         grads = {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
+        report.bytes_sent = links.traffic.bytes_sent
         return report, grads
     return run
+
+
+def first_links(results, rank: int) -> int:
+    return results[rank][0].bytes_sent
 
 
 def _per_piece_grads(batches: dict) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
@@ -326,6 +332,11 @@ def test_engine_identity_routes_match_the_unsplit_model():
     for i, ids in enumerate(batches[0]):
         assert first.own_losses[i] == pytest.approx(model(input_ids=ids, labels=ids).loss.item(), abs=1e-5)
     _check_stage_grads(M, S, results, per_piece)
+    # What travelled: each micro-batch's activations and labels forward, its gradient back; the size the
+    # compare command's clock charges per hand-over (activation_bytes) is what was really sent.
+    act = activation_bytes(TrainConfig(model="tiny-llama", batch_size=2 * n, seq_len=16, stages=2,
+                                       pipeline={"micro_batches": n}))
+    assert first_links(results, 0) == n * (act + 2 * 16 * 8) and first_links(results, 1) == n * act
     tied = sum(per_piece[(0, i)]["model.embed_tokens.weight"] for i in range(n)) / n
     torch.testing.assert_close(g0["embed_tokens.weight"] + g1["lm_head.weight"], tied, atol=2e-6, rtol=1e-4)
 
@@ -360,3 +371,40 @@ def test_engine_random_routes_retry_around_a_stalled_peer():
         assert sorted(reports[rank_of(d, 0, S)].own_losses) == list(range(n))
     assert elapsed < 20
     _check_stage_grads(M, S, results, _per_piece_grads(batches))
+
+
+# ----------------------------------------------------------------------------------------------
+# what `swarmlm noloco compare` needs for its S = 2 configuration
+# ----------------------------------------------------------------------------------------------
+def test_compare_includes_a_two_stage_noloco_run(tmp_path):
+    from swarmlm.config import ConfigError
+    from swarmlm.noloco.compare import CompareConfig, finished, load_run, train_config
+
+    config = CompareConfig(out=str(tmp_path), replicas="2", methods="noloco,noloco-pp2", steps=3)
+    plain, piped = train_config(config, 2, 0, "noloco"), train_config(config, 2, 0, "noloco-pp2")
+    a, b = plain.model_dump(), piped.model_dump()
+    assert {k for k in a if a[k] != b[k]} == {"stages", "out"} and piped.stages == 2 and piped.pipeline.routing == "random"
+    with pytest.raises(ConfigError, match="pipeline hops"):
+        train_config(CompareConfig(out=str(tmp_path), network={"inject": True}), 2, 0, "noloco-pp2")
+
+    # A finished 2 x 2 run: four ranks in its summary; the curves are read from stage 0 of each replica.
+    out = tmp_path / "pp"
+    for rank in range(4):
+        directory = out if rank == 0 else out / f"rank-{rank}"
+        directory.mkdir(parents=True, exist_ok=True)
+        rows = [{"step": s, "stage": rank % 2, "replica": rank // 2, "val_loss": 3.0 - s / 10 + rank} for s in range(4)]
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"steps": 3, "ranks": {f"rank-{r}": {"completed": True} for r in range(4)}}
+    (out / "summary.json").write_text(json.dumps(summary))
+    run = piped.model_copy(update={"out": str(out), "steps": 3})
+    assert finished(run)
+    records = load_run(run)
+    assert sorted(records) == [0, 1]
+    assert [r["val_loss"] for r in records[1]] == [3.0 - s / 10 + 2 for s in range(4)]  # rank 2 = replica 1, stage 0
+
+
+def test_modelled_pipeline_step():
+    assert gpipe_step_s(1.0, 1, 4, 0.5) == 1.0  # no pipeline, no hand-overs
+    assert gpipe_step_s(1.0, 2, 2, 0.0) == pytest.approx(0.75)  # (n + S - 1) / (S n) of the compute: the bubble
+    assert gpipe_step_s(1.0, 2, 2, 0.1) == pytest.approx(0.75 + 3 * 2 * 0.1)  # a hand-over each way per period
+    assert gpipe_step_s(1.0, 4, 64, 0.0) == pytest.approx(67 / 256)

@@ -26,6 +26,13 @@ communication:
   synchronise wait for each other first: all ranks for an all-reduce, the pair for NoLoCo.
 
 Evaluation and the model-std measurement are not part of any method, and are not on the clock.
+
+``noloco-pp2`` (opt-in: ``--methods ...,noloco-pp2``) is NoLoCo with the model cut into S = 2 pipeline
+stages and random routing (:mod:`swarmlm.noloco.pipeline_train`): M × 2 processes. Its curves come from
+stage 0 of each replica (which logs the replica's own loss and validation loss). On the calibrated clock,
+an inner step is a GPipe step of the two half-models (:func:`~swarmlm.noloco.pipeline_train.gpipe_step_s`)
+with every activation hand-over charged one link message, and each stage's outer exchange carries that
+stage's half of θ (all stages exchange at once).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from swarmlm.noloco.network import LinkModel, NetworkSection, simulate_clock
 
 log = logging.getLogger(__name__)
 
-Variant = Literal["ddp", "diloco", "diloco-hb", "noloco"]
+Variant = Literal["ddp", "diloco", "diloco-hb", "noloco", "noloco-pp2"]
 
 # Each method's outer hyperparameters, from the SPEC (B.2, B.4); never tuned here.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -57,12 +64,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "diloco": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.9, "nesterov": True}},
     "diloco-hb": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.3, "nesterov": False}},
     "noloco": {"method": "noloco"},
+    "noloco-pp2": {"method": "noloco", "stages": 2},
 }
 DESCRIPTIONS = {
     "ddp": "data parallel: all-reduce of the gradients every step",
     "diloco": "DiLoCo, outer Nesterov SGD lr 0.7 momentum 0.9 (DiLoCo paper)",
     "diloco-hb": "DiLoCo, outer heavy-ball SGD lr 0.7 momentum 0.3 (NoLoCo reference)",
     "noloco": "NoLoCo, pairs, α 0.5, β = γ 0.7, heavy-ball",
+    "noloco-pp2": "NoLoCo as above, model in 2 pipeline stages with random routing (M × 2 processes)",
 }
 REFERENCES = ("diloco", "diloco-hb")
 
@@ -140,6 +149,10 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str) -> Trai
     }
     if "diloco" in spec:
         data["diloco"] = spec["diloco"]
+    if spec.get("stages", 1) > 1:
+        if config.network.inject:
+            raise ConfigError(f"{variant}: the injected link does not apply to pipeline hops; use the modelled link")
+        data["stages"] = spec["stages"]
     if config.network.inject:  # the link really delays the run's messages; otherwise it is only modelled
         data["network"] = config.network.model_dump()
     return TrainConfig.model_validate(data)
@@ -169,7 +182,7 @@ def finished(run: TrainConfig) -> bool:
         return False
     data = json.loads(summary.read_text())
     ranks = data.get("ranks", {})
-    return (data.get("steps") == run.steps and len(ranks) == run.nproc
+    return (data.get("steps") == run.steps and len(ranks) == run.nproc * run.stages
             and all(r.get("completed") for r in ranks.values()) and not data.get("interrupted"))
 
 
@@ -238,7 +251,8 @@ def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
 def load_run(run: TrainConfig) -> dict[int, list[dict[str, Any]]]:
     from swarmlm.noloco.train import rank_dir
 
-    return {r: read_jsonl(rank_dir(run.out, r) / "metrics.jsonl") for r in range(run.nproc)}
+    # One record list per replica; in a pipeline run, stage 0's (rank d × S), which logs the replica's loss.
+    return {r: read_jsonl(rank_dir(run.out, r * run.stages) / "metrics.jsonl") for r in range(run.nproc)}
 
 
 def measured_compute(records: dict[int, list[dict[str, Any]]], steps: int) -> np.ndarray:
@@ -280,12 +294,20 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
         return make_groups(m, run.noloco.group_size, run.seed, k, run.noloco.leftover)
 
     measured = measured_compute(records, steps)
+    step_s = free_step_s = calibration["cpu_s_per_step"]
+    if run.stages > 1:
+        from swarmlm.noloco.pipeline_train import activation_bytes, gpipe_step_s
+
+        nbytes = -(-nbytes // run.stages)  # each stage exchanges its own share of θ, all stages at once
+        micro = run.grad_accum * run.pipeline.micro_batches
+        step_s = gpipe_step_s(step_s, run.stages, micro, link.message_s(activation_bytes(run)))
+        free_step_s = gpipe_step_s(free_step_s, run.stages, micro, 0.0)  # the hand-overs count as communication
     clocks = {
-        "calibrated": simulate_clock(run.method, np.full((m, steps), calibration["cpu_s_per_step"]), link=link,
+        "calibrated": simulate_clock(run.method, np.full((m, steps), step_s), link=link,
                                      every=every, nbytes=nbytes, groups=groups),
         "measured": simulate_clock(run.method, measured, link=link, every=every, nbytes=nbytes, groups=groups),
     }
-    comm_free = {"calibrated": steps * calibration["cpu_s_per_step"], "measured": float(measured.sum(axis=1).max())}
+    comm_free = {"calibrated": steps * free_step_s, "measured": float(measured.sum(axis=1).max())}
     evals: dict[int, list[float]] = {}
     for rows in records.values():
         for row in rows:

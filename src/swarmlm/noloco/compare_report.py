@@ -12,8 +12,9 @@ import numpy as np
 
 from swarmlm.stats import mean_ci
 
-COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue"}
-LABELS = {"ddp": "DDP", "diloco": "DiLoCo (Nesterov 0.9)", "diloco-hb": "DiLoCo (heavy-ball 0.3)", "noloco": "NoLoCo"}
+COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan"}
+LABELS = {"ddp": "DDP", "diloco": "DiLoCo (Nesterov 0.9)", "diloco-hb": "DiLoCo (heavy-ball 0.3)", "noloco": "NoLoCo",
+          "noloco-pp2": "NoLoCo, 2 stages, random routing"}
 
 
 def _mean_curve(runs: list[dict[str, Any]], key: str = "sim_s_calibrated") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -210,6 +211,7 @@ DESC = {
     "diloco": "all-reduce of φ − θ every H steps, outer Nesterov SGD lr 0.7 momentum 0.9 (DiLoCo paper)",
     "diloco-hb": "the same with outer heavy-ball SGD lr 0.7 momentum 0.3 (the NoLoCo reference's baseline)",
     "noloco": "random pairs every H steps, α 0.5, β = γ 0.7, heavy-ball (SPEC B.2)",
+    "noloco-pp2": "the same, with the model in 2 pipeline stages and random routing (SPEC B.5); M × 2 processes",
 }
 
 
