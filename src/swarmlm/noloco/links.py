@@ -16,8 +16,11 @@ the two phases of NoLoCo's pair exchange (:mod:`swarmlm.noloco.exchange`), adapt
    heartbeat counter in the store (``beat/<rank>``, the key :class:`Communicator` uses too) on every
    hop and about twice a second while it waits. A stalled or dead peer stops beating and is abandoned
    after ``timeout_s``; a peer that waits for someone else keeps beating, and its wait is itself
-   bounded. ``max_wait_s`` caps any one wait regardless. A peer given up on for silence is not waited
-   for again until its heartbeat moves: a dead process costs its neighbours one timeout, not one per hop.
+   bounded. ``max_wait_s`` caps any one wait regardless. A peer that has been silent for
+   ``dead_after_s`` (4 timeouts) is presumed dead and not waited for again until its heartbeat moves, so
+   a dead process costs each neighbour a few timeouts, not one per hop. (Giving up at once on a peer that
+   was silent only briefly would let the healthy processes race steps ahead of one that was merely
+   slow, and lose all the micro-batches it should have handled.)
 
 2. **Transfer** over a two-rank gloo process group per pair of neighbours (a *link*), created on first
    use and then kept (a fresh group per message would cost ~20 ms; a message on a kept link ~1 ms
@@ -105,16 +108,18 @@ class PipeLinks:
     BEAT_EVERY_S = 0.5
 
     def __init__(self, *, store: dist.Store, rank: int, key: Callable[[str], str], timeout_s: float,
-                 max_wait_s: float | None = None):
+                 max_wait_s: float | None = None, dead_after_s: float | None = None):
         self.store = store
         self.rank = rank
         self.key = key
         self.timeout_s = timeout_s
         self.max_wait_s = max_wait_s if max_wait_s is not None else 8 * timeout_s
+        self.dead_after_s = dead_after_s if dead_after_s is not None else 4 * timeout_s
         self.traffic = HopTraffic()
         self._links: dict[int, tuple[int, dist.ProcessGroup]] = {}  # peer -> (epoch, two-rank gloo group)
         self._epochs: dict[int, int] = {}  # peer -> epoch this side is at
-        self._silent: dict[int, int] = {}  # peer -> its heartbeat when it was last given up on for silence
+        # peer -> (its heartbeat when it was given up on for silence, since when that heartbeat has not moved)
+        self._silent: dict[int, tuple[int, float]] = {}
         self._last_beat = 0.0
         self._waiting = threading.Event()  # set while this process waits for a peer (see _wait_for_peer)
         self._beater: threading.Thread | None = None
@@ -210,10 +215,12 @@ class PipeLinks:
         for *this* process knows that it is alive and waiting, not stalled."""
         start = time.monotonic()
         last_beat = self._peer_beat(peer)
-        if self._silent.get(peer) == last_beat:
-            # Given up on before, and silent ever since (dead, or still stalled): do not wait again.
+        silent = self._silent.get(peer)
+        if silent is not None and silent[0] == last_beat and start - silent[1] >= self.dead_after_s:
+            # Silent for dead_after_s: presumed dead; do not wait for it again until its heartbeat moves.
             return ns.compare_set("status", "", ABANDONED)
-        self._waiting_beats(True)
+        since = silent[1] if silent is not None and silent[0] == last_beat else start
+        self.keep_alive(True)
         try:
             while True:
                 budget = min(self.timeout_s, start + self.max_wait_s - time.monotonic())
@@ -226,17 +233,19 @@ class PipeLinks:
                     pass  # a whole window without an answer: is the peer still making progress?
                 beat = self._peer_beat(peer)
                 if beat == last_beat:
-                    self._silent[peer] = beat
+                    self._silent[peer] = (beat, since)
                     break
-                last_beat = beat
+                last_beat, since = beat, time.monotonic()
         finally:
-            self._waiting_beats(False)
+            self.keep_alive(False)
         status = ns.compare_set("status", "", ABANDONED)
         if status == GO:
             self._silent.pop(peer, None)
         return status
 
-    def _waiting_beats(self, on: bool) -> None:
+    def keep_alive(self, on: bool) -> None:
+        """Keep this process's heartbeat moving from a helper thread (``on``) or stop (``off``): for waits in
+        which the main thread is blocked on someone else, such as a hop or the outer step's exchange."""
         if not on:
             self._waiting.clear()
             return

@@ -400,6 +400,31 @@ class PipelineReplica(Replica):
             record["recv_from"] = r.recv_from
         return record
 
+    # ----- long waits that are not hops: the outer step (NoLoCo's exchange waits up to twice
+    # exchange.timeout_s for a partner; DiLoCo's all-reduce and the model-std measurement wait for the whole
+    # stage group) and checkpoints. This process is alive meanwhile, and its pipeline neighbours, who may
+    # already wait for its next hop, must keep waiting rather than give it up and run steps ahead.
+    def outer_step(self, outer_step: int) -> dict[str, Any]:
+        self.links.keep_alive(True)
+        try:
+            return super().outer_step(outer_step)
+        finally:
+            self.links.keep_alive(False)
+
+    def _inject_faults(self, outer_step: int) -> None:
+        self.links.keep_alive(False)  # an injected stall is a stall: no heartbeat
+        try:
+            super()._inject_faults(outer_step)
+        finally:
+            self.links.keep_alive(True)
+
+    def save(self) -> None:
+        self.links.keep_alive(True)
+        try:
+            super().save()
+        finally:
+            self.links.keep_alive(False)
+
     # ----- evaluation
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
