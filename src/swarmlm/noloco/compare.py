@@ -9,7 +9,10 @@ and inner hyperparameters; each method's outer hyperparameters are the SPEC's:
 - ``diloco-hb``: the NoLoCo reference's DiLoCo baseline, heavy-ball SGD, lr 0.7, momentum 0.3;
 - ``noloco``: α = 0.5, β = γ = 0.7, heavy-ball, random pairs (SPEC B.2).
 
-Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of them.
+Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of them. ``diloco-matched``
+(opt-in) is a control rather than a baseline: DiLoCo with NoLoCo's own outer step (heavy-ball, lr 0.7,
+momentum 0.5), which is NoLoCo with the group = all replicas and γ = 0. Against it, NoLoCo differs only in
+averaging with one partner instead of all replicas.
 
 Each (M, seed, method) is one ``noloco train`` run under ``DIR/runs/M<M>/seed-<s>/<method>/``. A finished
 run is reused and an interrupted one resumes from its checkpoints, so the command is resumable.
@@ -56,7 +59,7 @@ from swarmlm.noloco.network import LinkModel, NetworkSection, simulate_clock
 
 log = logging.getLogger(__name__)
 
-Variant = Literal["ddp", "diloco", "diloco-hb", "noloco", "noloco-pp2"]
+Variant = Literal["ddp", "diloco", "diloco-hb", "noloco", "noloco-pp2", "diloco-matched"]
 
 # Each method's outer hyperparameters, from the SPEC (B.2, B.4); never tuned here.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -65,6 +68,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "diloco-hb": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.3, "nesterov": False}},
     "noloco": {"method": "noloco"},
     "noloco-pp2": {"method": "noloco", "stages": 2},
+    # a control, not a baseline: DiLoCo with NoLoCo's outer step (heavy-ball α = 0.5, lr β = 0.7), which is what
+    # NoLoCo becomes with the group = all replicas and γ = 0; it isolates pairs against all-reduce
+    "diloco-matched": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.5, "nesterov": False}},
 }
 DESCRIPTIONS = {
     "ddp": "data parallel: all-reduce of the gradients every step",
@@ -72,6 +78,7 @@ DESCRIPTIONS = {
     "diloco-hb": "DiLoCo, outer heavy-ball SGD lr 0.7 momentum 0.3 (NoLoCo reference)",
     "noloco": "NoLoCo, pairs, α 0.5, β = γ 0.7, heavy-ball",
     "noloco-pp2": "NoLoCo as above, model in 2 pipeline stages with random routing (M × 2 processes)",
+    "diloco-matched": "control: DiLoCo with NoLoCo's outer step, heavy-ball lr 0.7 momentum 0.5",
 }
 REFERENCES = ("diloco", "diloco-hb")
 

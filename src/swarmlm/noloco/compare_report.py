@@ -12,9 +12,10 @@ import numpy as np
 
 from swarmlm.stats import mean_ci
 
-COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan"}
+COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan",
+          "diloco-matched": "tab:purple"}
 LABELS = {"ddp": "DDP", "diloco": "DiLoCo (Nesterov 0.9)", "diloco-hb": "DiLoCo (heavy-ball 0.3)", "noloco": "NoLoCo",
-          "noloco-pp2": "NoLoCo, 2 stages, random routing"}
+          "noloco-pp2": "NoLoCo, 2 stages, random routing", "diloco-matched": "DiLoCo with NoLoCo's outer step (control)"}
 
 
 def _mean_curve(runs: list[dict[str, Any]], key: str = "sim_s_calibrated") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,7 +85,8 @@ def summarize(config, numbers: list[dict[str, Any]]) -> dict[str, Any]:
     return table
 
 
-REFERENCES_ORDER = ("diloco", "diloco-hb")
+REFERENCES_ORDER = ("diloco", "diloco-hb", "diloco-matched")  # the last is a control, when it was run
+SHORT = {"diloco": "DiLoCo (Nesterov)", "diloco-hb": "DiLoCo (heavy-ball)", "diloco-matched": "the control"}
 
 
 def targets(config, table: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +146,7 @@ def _speedup(r: dict[str, Any]) -> str:
 def write_markdown(config, results: dict[str, Any], path: Path) -> None:
     cal = results["calibration"]
     seeds = ", ".join(map(str, config.seeds))
+    refs = [r for r in REFERENCES_ORDER if r in config.methods]
     lines = [
         "# NoLoCo against DiLoCo and data parallel",
         "",
@@ -158,8 +161,9 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         "",
         "## Final validation perplexity",
         "",
-        "| M | method | val ppl | vs DiLoCo (Nesterov) | vs DiLoCo (heavy-ball) | replicas' range | model std before / after last outer step | sent per rank | run wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| M | method | val ppl | " + "".join(f"vs {SHORT[r]} | " for r in refs)
+        + "replicas' range | model std before / after last outer step | sent per rank | run wall s |",
+        "|---|---|---|" + "---|" * len(refs) + "---|---|---|---|",
     ]
     for key, rows in results["table"].items():
         for v, row in rows.items():
@@ -167,7 +171,7 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
             std_b, std_a = row["last_model_std_before"], row["last_model_std_after"]
             lines.append(
                 f"| {key[1:]} | {v} | **{_ppl(row['final_val_ppl'], row['final_val_ppl_ci95'])}** | "
-                f"{_ratio(row.get('ratio_to_diloco'))} | {_ratio(row.get('ratio_to_diloco-hb'))} | "
+                + "".join(f"{_ratio(row.get(f'ratio_to_{r}'))} | " for r in refs) +
                 f"{'—' if not rng else f'{rng[0]:.2f} – {rng[1]:.2f}'} | "
                 f"{'—' if std_b is None else f'{std_b:.2g}'} / {'—' if std_a is None else f'{std_a:.2g}'} | "
                 f"{_bytes(row['bytes_sent_per_rank'])} | {_secs(row['wall_s'])} |")
@@ -182,13 +186,14 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         "'Measured compute' instead uses each rank's own measured step times from its run, which on this "
         "oversubscribed machine include waiting for a core.",
         "",
-        "| M | method | simulated total (s) | of which communication (s) | to DiLoCo (Nesterov)'s final ppl (s) | speedup | "
-        "to DiLoCo (heavy-ball)'s final ppl (s) | speedup | measured compute: total (s) | measured compute: communication (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| M | method | simulated total (s) | of which communication (s) | "
+        + "".join(f"to {SHORT[r]}'s final ppl (s) | speedup | " for r in refs)
+        + "measured compute: total (s) | measured compute: communication (s) |",
+        "|---|---|---|---|" + "---|---|" * len(refs) + "---|---|",
     ]
     for key, rows in results["table"].items():
         for v, row in rows.items():
-            reach = [row.get(f"time_to_{ref}_final") or {} for ref in REFERENCES_ORDER]
+            reach = [row.get(f"time_to_{ref}_final") or {} for ref in refs]
             lines.append(
                 f"| {key[1:]} | {v} | {_secs(row['sim_s']['calibrated'])} | {_secs(row['sim_comm_s']['calibrated'])} | "
                 + " | ".join(f"{_reach(r)} | {_speedup(r)}" for r in reach)
@@ -212,6 +217,8 @@ DESC = {
     "diloco-hb": "the same with outer heavy-ball SGD lr 0.7 momentum 0.3 (the NoLoCo reference's baseline)",
     "noloco": "random pairs every H steps, α 0.5, β = γ 0.7, heavy-ball (SPEC B.2)",
     "noloco-pp2": "the same, with the model in 2 pipeline stages and random routing (SPEC B.5); M × 2 processes",
+    "diloco-matched": "control: all-reduce every H steps with NoLoCo's own outer step (heavy-ball lr 0.7, momentum 0.5), "
+                      "i.e. NoLoCo with the group = all replicas",
 }
 
 

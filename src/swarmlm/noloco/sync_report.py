@@ -212,6 +212,8 @@ def plot(config, report: dict[str, Any], path: Path) -> None:
                            label=f"measured: {LABELS[op]}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(mm, [str(m) for m in mm], fontsize=7)
+    ax.minorticks_off()
     ax.set_xlabel("replicas M")
     ax.set_ylabel("sync step (ms)")
     ax.set_title(f"Analytic model ({report['settings']['link']})", fontsize=9)
@@ -241,7 +243,7 @@ def plot(config, report: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("extra wait caused by the straggler (ms)")
         ax.set_title(f"One straggler, {config.straggler_s * 1000:.0f} ms late (link {lat:g} ms)", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     else:
         ax.set_axis_off()
     fig.suptitle(f"Synchronisation step: {report['settings']['numel']:,} fp32 values per rank")
