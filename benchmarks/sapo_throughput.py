@@ -204,6 +204,10 @@ def _save_model(spec: str, directory: Path, dtype: torch.dtype) -> None:
     from swarmlm.models import load_model
 
     loaded = load_model(spec, seed=0, dtype=dtype)
+    if getattr(loaded.model, "hf_quantizer", None) is not None:  # a GGUF file: its weights are dequantized on load
+        loaded.model.hf_quantizer = None
+        if hasattr(loaded.model.config, "quantization_config"):
+            del loaded.model.config.quantization_config
     loaded.model.save_pretrained(directory)
     loaded.tokenizer.save_pretrained(directory)
 
@@ -237,6 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     load_before = os.getloadavg()
+    rates = (measure_bandwidth(device), measure_matmul(device, dtype))
     work = Path(tempfile.mkdtemp(prefix="sapo-throughput-"))
     model_dir = work / "model"
     _save_model(args.model, model_dir, dtype)
@@ -298,8 +303,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     node.close()
 
     load_after = os.getloadavg()
-    bandwidth = measure_bandwidth(device)
-    flops_rate = measure_matmul(device, dtype)
+    # the bound takes the better of the rates measured before and after the runs (the machine may be shared)
+    bandwidth = max(rates[0], measure_bandwidth(device))
+    flops_rate = max(rates[1], measure_matmul(device, dtype))
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "conditions": {
@@ -432,6 +438,10 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _percent(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
 def markdown(result: dict[str, Any], command: str | None = None) -> str:
     s, c, h = result["settings"], result["conditions"], result["hardware"]
     ours, theirs, ratios = result["swarmlm"], result.get("trl"), result.get("ratios", {})
@@ -460,7 +470,7 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
     lines += [
         "",
         f"Decoding bound: measured memory bandwidth {h['memory_bandwidth_GBps']:.1f} GB/s (tensor copy), matmul rate "
-        f"{h['matmul_GFLOPs']:.1f} GFLOP/s (1024² float32); per decode step the parameters ({h['param_MB']:.1f} MB) and "
+        f"{h['matmul_GFLOPs']:.1f} GFLOP/s (1024² {s['dtype']}), the better of before and after the runs; per decode step the parameters ({h['param_MB']:.1f} MB) and "
         f"every active row's KV cache ({h['kv_KB_per_token']:.1f} KB per token) are read, and 2 FLOPs per weight "
         f"({h['matmul_params_M']:.2f} M) per row are done; each prompt is prefilled once.",
         "",
@@ -471,7 +481,7 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
         if r:
             lines.append(f"| {name} | {_fmt(r['generation_tokens_per_s'])} | {_fmt(r['bound_tokens_per_s'])} | "
                          f"{_fmt(r['fraction_of_bound'])} | {_fmt(r['bound_prefill_s'])} / {_fmt(r['bound_decode_s'])} | "
-                         f"{_fmt(r['memory_bound_step_share'])} |")
+                         f"{_percent(r['memory_bound_step_share'])} |")
     if theirs:
         info = result.get("trl_info", {})
         lines += ["", f"TRL saw the same prompt tokens as the node: {info.get('prompts_identical')}; "

@@ -36,7 +36,7 @@ class GenerationSection(StrictModel):
 
 
 class GRPOSection(StrictModel):
-    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 2e-4 for presets, 1e-6 otherwise")
+    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 5e-5 for presets, 1e-6 otherwise")
     eps_low: float = Field(0.2, ge=0, lt=1)
     eps_high: float = Field(0.28, ge=0)
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 creates a frozen reference model")

@@ -37,7 +37,7 @@ from swarmlm.warmstart import WarmstartConfig, warmstart
 
 log = logging.getLogger(__name__)
 
-PRESET_LR = 2e-4
+PRESET_LR = 5e-5
 PRETRAINED_LR = 1e-6
 
 
