@@ -8,8 +8,6 @@ Qwen2.5-0.5B at the start of the SAPO paper. The result is cached on disk, keyed
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -22,6 +20,7 @@ import torch
 from pydantic import Field
 from tqdm.auto import tqdm
 
+from swarmlm.cache import cache_root, file_lock
 from swarmlm.config import StrictModel
 from swarmlm.models import PRESETS, build_preset
 from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer
@@ -41,26 +40,12 @@ class WarmstartConfig(StrictModel):
     out: str | None = Field(None, description="output directory (default: the cache)")
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SWARMLM_CACHE", Path.home() / ".cache" / "swarmlm"))
-
 
 def warmstart_key(config: WarmstartConfig) -> str:
     # The held-out set's size does not change what the warm start learns.
     settings = config.model_dump(mode="json", exclude={"out": True, "tasks": {"eval_size"}})
     blob = json.dumps({"v": WARMSTART_VERSION, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
@@ -109,7 +94,7 @@ def warmstart(config: WarmstartConfig, *, progress: bool = True) -> Path:
     if config.model not in PRESETS:
         raise ValueError(f"warm start is for built-in presets ({', '.join(PRESETS)}), not '{config.model}'")
     out_dir = Path(config.out) if config.out else cache_root() / "warmstart" / f"{config.model}-{warmstart_key(config)}"
-    with _file_lock(out_dir.with_name(out_dir.name + ".lock")):
+    with file_lock(out_dir.with_name(out_dir.name + ".lock")):
         if (out_dir / "warmstart.json").exists():
             log.info("warm start cached at %s", out_dir)
             return out_dir

@@ -23,8 +23,6 @@ needs only the position. Streaming sources give every replica its own share of t
 from __future__ import annotations
 
 import ast
-import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -39,15 +37,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from swarmlm.cache import cache_root, file_lock
 from swarmlm.noloco.config import DataSection
 
 log = logging.getLogger(__name__)
 
-
-def cache_root() -> Path:
-    """``$SWARMLM_CACHE`` or ``~/.cache/swarmlm``: the same place as ``swarmlm.warmstart.cache_root``, read here
-    without importing the warm-start module (and its task libraries) into every worker."""
-    return Path(os.environ.get("SWARMLM_CACHE", Path.home() / ".cache" / "swarmlm"))
 
 DATA_VERSION = 1  # bump when tokenization or the builtin corpus changes, so old caches are not reused
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -161,17 +155,6 @@ def tokenize_documents(docs: list[str], tokenizer: Any, dtype: np.dtype) -> np.n
     return np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _cache_key(config: DataSection, tokenizer: Any) -> tuple[str, list[Path] | None]:
     if config.source == "builtin":
         files, sources = None, builtin_fingerprint()
@@ -189,7 +172,7 @@ def prepare_local(config: DataSection, tokenizer: Any) -> Path:
     directory = cache_root() / "noloco-data" / key
     if (directory / "meta.json").exists():
         return directory
-    with _locked(cache_root() / "noloco-data" / f".{key}.lock"):
+    with file_lock(cache_root() / "noloco-data" / f".{key}.lock"):
         if (directory / "meta.json").exists():
             return directory
         docs = builtin_documents() if files is None else file_documents(files, config.text_field)

@@ -53,9 +53,7 @@ class EmulatedCommunicator(Communicator):
             if host is not tensor:
                 tensor.copy_(host)
             tensor.div_(self.world_size)
-            moved = int(2 * (self.world_size - 1) / self.world_size * tensor.numel() * tensor.element_size())
-            self.traffic.bytes_sent += moved
-            self.traffic.bytes_recv += moved
+            self.traffic.count_allreduce(tensor, self.world_size)
         self.traffic.seconds += time.perf_counter() - started
         return tensor
 

@@ -70,6 +70,12 @@ class Traffic:
     seconds: float = 0.0
     skipped: int = 0
 
+    def count_allreduce(self, tensor: torch.Tensor, world_size: int) -> None:
+        """Bytes of an all-reduce of ``tensor``, counted as a ring moves them: 2(M−1)/M of it out and in per rank."""
+        moved = int(2 * (world_size - 1) / world_size * tensor.numel() * tensor.element_size())
+        self.bytes_sent += moved
+        self.bytes_recv += moved
+
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_recv": self.bytes_recv, "comm_s": self.seconds,
                 "skipped_total": self.skipped}
@@ -211,9 +217,7 @@ class Communicator:
         if self.world_size > 1:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
             tensor.div_(self.world_size)
-            moved = int(2 * (self.world_size - 1) / self.world_size * tensor.numel() * tensor.element_size())
-            self.traffic.bytes_sent += moved
-            self.traffic.bytes_recv += moved
+            self.traffic.count_allreduce(tensor, self.world_size)
         self.traffic.seconds += time.perf_counter() - started
         return tensor
 

@@ -36,6 +36,7 @@ class ExperimentConfig(SAPOSettings):
     configurations: list[str] = Field(["8/0", "6/2", "4/4", "2/6"], description="I/J splits to compare; the first is the baseline")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="repeats of every configuration")
     nodes: int = Field(4, ge=2, description="nodes per run")
+    rounds: int = Field(100, ge=1, description="rounds of every run (the default scale ends in about an hour on 2 CPU cores)")
     transport: Literal["in_process", "torch"] = Field("in_process")
     smoothing: int = Field(10, ge=1, description="moving-average window (rounds) of the reward plot")
     out: str = Field("runs/sapo-experiment", description="output directory")
