@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from swarmlm.sapo.config import SimulateConfig
 from swarmlm.sapo.experiment import ExperimentConfig, run_config, run_dir
 from swarmlm.sapo.experiment_report import mean_ci, moving_average
 
@@ -35,6 +36,17 @@ def test_runs_differ_only_in_the_split():
     assert a.model_dump(exclude={"local", "external", "out"}) == b.model_dump(exclude={"local", "external", "out"})
     assert a.seed == 3 and a.nodes == 3 and a.rounds == 7
     assert run_dir("/tmp/x", "4/4", 3).as_posix().endswith("runs/4-4/seed-3")
+
+
+def test_experiment_update_guards_are_defaults_that_a_partial_override_keeps():
+    from swarmlm.config import validate_config
+
+    cfg = validate_config(ExperimentConfig, {"grpo": {"lr": 1e-5}})
+    run = run_config(cfg, "4/4", 0)
+    assert (run.grpo.lr, run.grpo.format_reward, run.grpo.external_weight) == (1e-5, 0.1, "truncated")
+    off = run_config(validate_config(ExperimentConfig, {"grpo": {"format_reward": 0, "external_weight": "none"}}), "4/4", 0)
+    assert (off.grpo.format_reward, off.grpo.external_weight) == (0, "none")
+    assert SimulateConfig().grpo.format_reward == 0 and SimulateConfig().grpo.external_weight == "none"
 
 
 def test_bad_configuration_names_the_field():
