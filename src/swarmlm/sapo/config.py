@@ -35,6 +35,9 @@ class GenerationSection(StrictModel):
         0.3, gt=0, le=1, description="share of GPU memory the vLLM engine may take (the policy's training shares the GPU)")
 
 
+ExternalWeight = Literal["none", "truncated"]  # how external completions are weighted in the loss
+
+
 class GRPOSection(StrictModel):
     lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 5e-5 for presets, 1e-6 otherwise")
     eps_low: float = Field(0.2, ge=0, lt=1)
@@ -46,7 +49,7 @@ class GRPOSection(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0)
     format_reward: float = Field(0.0, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span (0 = off, as in the paper); never part of reward_own")
-    external_weight: Literal["none", "truncated"] = Field(
+    external_weight: ExternalWeight = Field(
         "none", description="importance weight for external completions (none = the reference behaviour)")
 
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from swarmlm.config import dump_config
 from swarmlm.metrics import read_jsonl
-from swarmlm.sapo.config import GRPOSection, SAPOSettings, SimulateConfig
+from swarmlm.sapo.config import ExternalWeight, GRPOSection, SAPOSettings, SimulateConfig
 from swarmlm.sapo.experiment_report import write_report
 from swarmlm.sapo.simulate import node_dir, run_simulation
 
@@ -42,7 +42,7 @@ class ExperimentGRPOSection(GRPOSection):
 
     format_reward: float = Field(0.1, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span; never part of reward_own (the node's default is 0)")
-    external_weight: Literal["none", "truncated"] = Field(
+    external_weight: ExternalWeight = Field(
         "truncated", description="importance weight for external completions (the node's default is none)")
 
 
