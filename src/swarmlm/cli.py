@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from swarmlm.config import ConfigError, add_config_arguments, config_from_args
+from swarmlm.config import ConfigError, StrictModel, add_config_arguments, config_from_args
 
 
 @dataclass(frozen=True)
@@ -25,25 +25,42 @@ class Command:
 
 
 COMMANDS: list[Command] = [
-    Command(("warmstart",), "swarmlm.warmstart:WarmstartConfig", "swarmlm.commands:warmstart_command",
+    Command(("warmstart",), "swarmlm.sapo.warmstart:WarmstartConfig", "swarmlm.sapo.commands:warmstart_command",
             "teach a built-in preset the answer format (cached; run on demand by the SAPO commands)"),
     Command(("sapo", "simulate"), "swarmlm.sapo.config:SimulateConfig", "swarmlm.sapo.commands:simulate_command",
             "run N SAPO nodes on this machine (in-process or torch.distributed)"),
-    Command(("noloco", "train"), "swarmlm.noloco.config:TrainConfig", "swarmlm.noloco.commands:train_command",
+    Command(("noloco", "train"), "swarmlm.noloco.config:TrainConfig", "swarmlm.noloco.launch:train_command",
             "pre-train M replicas with NoLoCo (pair averaging), DiLoCo or data parallel (local workers or under torchrun)"),
-    Command(("noloco", "compare"), "swarmlm.noloco.compare:CompareConfig", "swarmlm.noloco.compare:compare_command",
+    Command(("noloco", "compare"), "swarmlm.experiments.noloco_compare:CompareConfig",
+            "swarmlm.experiments.noloco_compare:compare_command",
             "train ddp, diloco and noloco alike and compare validation perplexity against step and simulated wall-clock"),
-    Command(("noloco", "sync-bench"), "swarmlm.noloco.sync_bench:SyncBenchConfig", "swarmlm.noloco.sync_bench:sync_bench_command",
+    Command(("noloco", "sync-bench"), "swarmlm.experiments.sync_bench:SyncBenchConfig",
+            "swarmlm.experiments.sync_bench:sync_bench_command",
             "time one synchronisation step, NoLoCo pair exchange against all-reduce, as M grows (with an analytic model)"),
-    Command(("sapo", "experiment"), "swarmlm.sapo.experiment:ExperimentConfig", "swarmlm.sapo.commands:experiment_command",
+    Command(("sapo", "experiment"), "swarmlm.experiments.sapo_sharing:ExperimentConfig",
+            "swarmlm.experiments.sapo_sharing:experiment_command",
             "the SAPO paper's sharing experiment: I/J configurations x seeds, with table and plots"),
-    Command(("models",), "swarmlm.commands:ModelsConfig", "swarmlm.commands:models_command",
+    Command(("models",), "swarmlm.cli:ModelsConfig", "swarmlm.cli:models_command",
             "list the built-in model presets"),
-    Command(("sapo", "node"), "swarmlm.sapo.swarm_config:SwarmNodeConfig", "swarmlm.sapo.commands:node_command",
+    Command(("sapo", "node"), "swarmlm.sapo.swarm.config:SwarmNodeConfig", "swarmlm.sapo.commands:node_command",
             "run one SAPO node of a decentralized swarm over the hivemind DHT (a volunteer's command)"),
-    Command(("sapo", "swarm"), "swarmlm.sapo.swarm_config:SwarmConfig", "swarmlm.sapo.commands:swarm_command",
+    Command(("sapo", "swarm"), "swarmlm.sapo.swarm.config:SwarmConfig", "swarmlm.sapo.commands:swarm_command",
             "start N SAPO node processes on this machine over loopback and follow them"),
 ]
+
+
+class ModelsConfig(StrictModel):
+    """``swarmlm models`` takes no options."""
+
+
+def models_command(config: ModelsConfig) -> int:
+    from swarmlm.models import PRESETS, build_preset, count_parameters
+
+    for name, preset in PRESETS.items():
+        size = f"{count_parameters(build_preset(name).model) / 1e6:.1f}M" if preset.hidden <= 512 else "(GPU shape)"
+        print(f"{name:14s} {preset.family:6s} {size:>12s}  {preset.description}")
+    print("Any Hugging Face causal LM also works: a hub id, a local directory, or a .gguf file.")
+    return 0
 
 
 def _load(target: str) -> Any:

@@ -9,6 +9,7 @@ field (``--grpo.eps-low 0.1`` or ``--grpo.eps_low 0.1``), a YAML file can set an
 from __future__ import annotations
 
 import argparse
+import re
 import types
 import typing
 from pathlib import Path
@@ -108,6 +109,24 @@ class NamedSection(StrictModel):
     @classmethod
     def _from_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+
+def parse_list(value: Any) -> Any:
+    """A list option as the command line may give it: ``a,b``, ``"a b"``, ``[a, b]`` (YAML) or one value.
+
+    Use as a ``mode="before"`` validator; a list (from YAML) passes through, and pydantic then converts
+    the items (``"4"`` to 4 for a ``list[int]``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return value
+    return [part for part in re.split(r"[\s,]+", text) if part]
 
 
 def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any, str]]:

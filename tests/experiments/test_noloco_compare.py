@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from swarmlm.config import ConfigError
-from swarmlm.noloco.compare import CompareConfig, _same_run, measured_compute, train_config
-from swarmlm.noloco.compare_report import time_to_reach
-from swarmlm.noloco.network import LinkModel
+from swarmlm.experiments.noloco_compare import CompareConfig, _same_run, measured_compute, train_config
+from swarmlm.experiments.noloco_compare_report import time_to_reach
+from swarmlm.noloco.comm.link_model import LinkModel
 
 
 def test_runs_share_everything_but_the_outer_step(tmp_path):
@@ -104,7 +104,7 @@ def test_compare_miniature_with_injected_link(tmp_path):
     assert again["table"]["M2"]["noloco"]["final_val_ppl"] == rows["noloco"]["final_val_ppl"]
     # other settings in the same directory are refused rather than mixed with the old runs
     with pytest.raises(ConfigError):
-        from swarmlm.noloco.compare import run_compare
+        from swarmlm.experiments.noloco_compare import run_compare
 
         run_compare(CompareConfig(out=str(out), replicas=[2], methods=["noloco"], steps=5, seq_len=32, batch_size=2,
                                   progress=False, network={"inject": True, "latency_ms": 30}))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from swarmlm.sapo.config import SimulateConfig
-from swarmlm.sapo.experiment import ExperimentConfig, run_config, run_dir
-from swarmlm.sapo.experiment_report import mean_ci, moving_average
+from swarmlm.experiments.sapo_sharing import ExperimentConfig, run_config, run_dir
+from swarmlm.experiments.stats import mean_ci, moving_average
 
 
 def test_mean_ci_matches_hand_computation():

@@ -11,8 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from swarmlm.noloco.network import LinkModel, NetworkSection, simulate_clock, sync_steps
-from swarmlm.noloco.sync_bench import (SyncBenchConfig, analytic_row, expected_max_normal, fit_overheads,
+from swarmlm.experiments.sim_clock import simulate_clock, sync_steps
+from swarmlm.noloco.comm.link_model import LinkModel
+from swarmlm.noloco.config import NetworkSection
+from swarmlm.experiments.sync_bench import (SyncBenchConfig, analytic_row, expected_max_normal, fit_overheads,
                                        summarize_cells, targets)
 
 # 100 ms and 1 Gbit/s (125e6 bytes/s); a 12.5 MB message takes 0.1 s on the wire: 0.2 s in all
@@ -131,7 +133,7 @@ def _emulation_worker(rank: int, world: int, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from swarmlm.noloco.emulation import EmulatedCommunicator
+    from swarmlm.noloco.comm.emulated import EmulatedCommunicator
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -161,7 +163,7 @@ def _emulation_worker(rank: int, world: int, port: int, queue) -> None:
 @pytest.mark.slow
 def test_emulated_allreduce_and_pair_in_processes():
     """Three processes (not a power of two): every algorithm sums exactly, and takes at least its messages' delays."""
-    from swarmlm.distributed import free_port
+    from swarmlm.runtime.distributed import free_port
 
     world = 3
     ctx = mp.get_context("spawn")

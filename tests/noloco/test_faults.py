@@ -15,11 +15,11 @@ import time
 import pytest
 
 from swarmlm.config import dump_config
-from swarmlm.distributed import free_port
-from swarmlm.metrics import read_jsonl
+from swarmlm.runtime.distributed import free_port
+from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.noloco.config import TrainConfig
 from swarmlm.noloco.groups import make_groups
-from swarmlm.noloco.train import EXIT_CODE_INJECTED, rank_dir
+from swarmlm.noloco.replica import EXIT_CODE_INJECTED, rank_dir
 
 REPLICAS = 4
 TIMEOUT_S = 3.0
@@ -42,7 +42,7 @@ def test_stalled_then_killed_worker_is_skipped_and_others_finish(tmp_path):
     dump_config(config, tmp_path / "config.yaml")
     # What `swarmlm noloco train --config config.yaml` runs, without building the whole command line.
     code = ("import sys; from swarmlm.config import load_yaml; from swarmlm.noloco.config import TrainConfig;"
-            "from swarmlm.noloco.commands import train_command;"
+            "from swarmlm.noloco.launch import train_command;"
             "sys.exit(train_command(TrainConfig.model_validate(load_yaml(sys.argv[1]))))")
     args = [sys.executable, "-c", code, str(tmp_path / "config.yaml")]
     procs = []

@@ -9,7 +9,7 @@ import pytest
 from swarmlm.cli import build_parser, main
 from swarmlm.config import config_from_args
 from swarmlm.noloco.config import TrainConfig
-from swarmlm.noloco.train import lr_factor
+from swarmlm.noloco.replica import lr_factor
 
 
 def test_flags_reach_the_config():

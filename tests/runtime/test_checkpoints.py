@@ -9,9 +9,9 @@ import random
 import numpy as np
 import torch
 
-from swarmlm.checkpoints import (latest_checkpoint, load_optimizer_state, load_rng_state, load_tensors,
+from swarmlm.runtime.checkpoints import (latest_checkpoint, load_optimizer_state, load_rng_state, load_tensors,
                                  save_checkpoint)
-from swarmlm.metrics import MetricsWriter, read_jsonl
+from swarmlm.runtime.metrics import MetricsWriter, read_jsonl
 from swarmlm.models import build_preset, load_model
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swarmlm.sapo.transports.hivemind_dht import RoundClock, dht_class, load_identity, round_key
+from swarmlm.sapo.transports.hivemind.clock import RoundClock, round_key
+from swarmlm.sapo.transports.hivemind.dht_process import dht_class
+from swarmlm.sapo.transports.hivemind.identity import load_identity
 
 #: kinds published under the hostile's own (validly signed) identities: they reach the node's checks
 SIGNED_KINDS = ("garbage", "oversized", "wrong_l", "forged_id", "bad_type", "stale", "future", "flood", "not_bytes")

@@ -20,9 +20,10 @@ import torch
 from transformers import GenerationConfig
 
 from swarmlm.models import build_preset
-from swarmlm.sapo import batching, generation
+from swarmlm.sapo import batching
+from swarmlm.sapo.engines import hf
 from swarmlm.sapo.batching import TrainSample, collate, sample_logprobs, shared_prompt_logprobs, token_logprobs
-from swarmlm.sapo.generation import HFEngine, generate_completions
+from swarmlm.sapo.engines.hf import HFEngine, generate_completions
 from swarmlm.sapo.grpo import grpo_loss
 
 
@@ -59,11 +60,11 @@ def _hf_greedy(model, tok, prompt: list[int], max_new: int) -> list[int]:
     return new[:new.index(tok.eos_token_id)] if tok.eos_token_id in new else new
 
 
-@pytest.mark.parametrize("shrink", [0.0, generation.SHRINK_FRACTION, 2.0])
+@pytest.mark.parametrize("shrink", [0.0, hf.SHRINK_FRACTION, 2.0])
 def test_greedy_matches_hf_generate_with_early_eos(tiny, monkeypatch, shrink):
     """Left-padded prompts of different lengths in one batch, L = 3, EOS at different steps: every completion is
     what HF greedy decoding gives for its prompt alone. shrink 0 drops finished rows at once, 2.0 never."""
-    monkeypatch.setattr(generation, "SHRINK_FRACTION", shrink)
+    monkeypatch.setattr(hf, "SHRINK_FRACTION", shrink)
     model, tok = tiny.model, tiny.tokenizer
     handle = _eos_every_few_steps(model, tok.eos_token_id)
     try:
@@ -218,8 +219,8 @@ def test_ppo_epochs_reuse_the_first_forward_as_old_logprobs(tmp_path, monkeypatc
     clipping statistics are those of the separate-pass computation."""
     node = _node(tmp_path, "epochs", lr=0.05, ppo_epochs=2, num_minibatches=1)
     calls = []
-    original = node._logprobs_of
-    monkeypatch.setattr(node, "_logprobs_of", lambda model, s: calls.append(len(s)) or original(model, s))
+    original = node.updater.logprobs
+    monkeypatch.setattr(node.updater, "logprobs", lambda model, s: calls.append(len(s)) or original(model, s))
     samples = _groups(node.tokenizer.eos_token_id, seed=8)
     stats = node.update(samples)
     assert calls == []
@@ -227,8 +228,8 @@ def test_ppo_epochs_reuse_the_first_forward_as_old_logprobs(tmp_path, monkeypatc
     # two minibatches: only the second needs the separate pass
     node2 = _node(tmp_path, "epochs2", lr=0.05, ppo_epochs=2, num_minibatches=2)
     calls2 = []
-    original2 = node2._logprobs_of
-    monkeypatch.setattr(node2, "_logprobs_of", lambda model, s: calls2.append(len(s)) or original2(model, s))
+    original2 = node2.updater.logprobs
+    monkeypatch.setattr(node2.updater, "logprobs", lambda model, s: calls2.append(len(s)) or original2(model, s))
     node2.update(_groups(node2.tokenizer.eos_token_id, seed=8))
     assert calls2 == [len(samples) - math.ceil(len(samples) / 2)]
 
@@ -237,7 +238,7 @@ def test_ppo_epochs_reuse_the_first_forward_as_old_logprobs(tmp_path, monkeypatc
 def test_vllm_engine_absent_gives_a_clear_error(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    from swarmlm.sapo.vllm_engine import VLLMUnavailable
+    from swarmlm.sapo.engines.vllm import VLLMUnavailable
 
     with pytest.raises(VLLMUnavailable, match="pip install vllm"):
         from swarmlm.sapo.config import SAPOConfig
@@ -253,7 +254,7 @@ def test_vllm_engine_generates_and_follows_weight_updates(tmp_path):
     pytest.importorskip("vllm")
     if not torch.cuda.is_available():
         pytest.skip("vLLM needs a CUDA GPU")
-    from swarmlm.sapo.vllm_engine import VLLMEngine
+    from swarmlm.sapo.engines.vllm import VLLMEngine
 
     loaded = build_preset("tiny-qwen2", seed=9)
     model, tok = loaded.model.cuda(), loaded.tokenizer

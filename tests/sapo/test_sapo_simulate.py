@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmlm.checkpoints import latest_checkpoint
-from swarmlm.metrics import read_jsonl
+from swarmlm.runtime.checkpoints import latest_checkpoint
+from swarmlm.runtime.metrics import read_jsonl
 
 REQUIRED = {"round", "reward_own", "reward_external", "loss", "tokens_per_s", "eval_pass1",
             "records_accepted", "records_dropped", "external_used", "transport_seconds", "drops"}

@@ -17,7 +17,7 @@ averaging with one partner instead of all replicas.
 Each (M, seed, method) is one ``noloco train`` run under ``DIR/runs/M<M>/seed-<s>/<method>/``. A finished
 run is reused and an interrupted one resumes from its checkpoints, so the command is resumable.
 
-The simulated wall-clock (see :mod:`swarmlm.noloco.network`) is measured compute plus modelled
+The simulated wall-clock (see :mod:`swarmlm.noloco.comm.link_model`) is measured compute plus modelled
 communication:
 
 - compute: by default (``--compute calibrated``) the CPU time of one replica's inner step, measured here
@@ -31,9 +31,9 @@ communication:
 Evaluation and the model-std measurement are not part of any method, and are not on the clock.
 
 ``noloco-pp2`` (opt-in: ``--methods ...,noloco-pp2``) is NoLoCo with the model cut into S = 2 pipeline
-stages and random routing (:mod:`swarmlm.noloco.pipeline_train`): M × 2 processes. Its curves come from
+stages and random routing (:mod:`swarmlm.noloco.pipeline.schedule`): M × 2 processes. Its curves come from
 stage 0 of each replica (which logs the replica's own loss and validation loss). On the calibrated clock,
-an inner step is a GPipe step of the two half-models (:func:`~swarmlm.noloco.pipeline_train.gpipe_step_s`)
+an inner step is a GPipe step of the two half-models (:func:`~swarmlm.noloco.pipeline.schedule.gpipe_step_s`)
 with every activation hand-over charged one link message, and each stage's outer exchange carries that
 stage's half of θ (all stages exchange at once).
 """
@@ -52,10 +52,14 @@ import numpy as np
 import yaml
 from pydantic import Field, field_validator
 
-from swarmlm.config import ConfigError, StrictModel, dump_config
-from swarmlm.metrics import read_jsonl
-from swarmlm.noloco.config import DataSection, ExchangeSection, InnerSection, NoLoCoSection, OuterSection, TrainConfig
-from swarmlm.noloco.network import LinkModel, NetworkSection, simulate_clock
+from swarmlm.config import ConfigError, StrictModel, dump_config, parse_list
+from swarmlm.experiments.plots import require_matplotlib
+from swarmlm.experiments.sim_clock import simulate_clock
+from swarmlm.noloco.comm.link_model import LinkModel
+from swarmlm.noloco.config import (DataSection, ExchangeSection, InnerSection, NetworkSection, NoLoCoSection,
+                                   OuterSection, TrainConfig)
+from swarmlm.noloco.replica import rank_dir
+from swarmlm.runtime.metrics import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -72,25 +76,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # NoLoCo becomes with the group = all replicas and γ = 0; it isolates pairs against all-reduce
     "diloco-matched": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.5, "nesterov": False}},
 }
-DESCRIPTIONS = {
-    "ddp": "data parallel: all-reduce of the gradients every step",
-    "diloco": "DiLoCo, outer Nesterov SGD lr 0.7 momentum 0.9 (DiLoCo paper)",
-    "diloco-hb": "DiLoCo, outer heavy-ball SGD lr 0.7 momentum 0.3 (NoLoCo reference)",
-    "noloco": "NoLoCo, pairs, α 0.5, β = γ 0.7, heavy-ball",
-    "noloco-pp2": "NoLoCo as above, model in 2 pipeline stages with random routing (M × 2 processes)",
-    "diloco-matched": "control: DiLoCo with NoLoCo's outer step, heavy-ball lr 0.7 momentum 0.5",
-}
-REFERENCES = ("diloco", "diloco-hb")
-
-
-def _list(value: Any) -> Any:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(value, (int, float)):
-        return [value]
-    return value
-
-
 class CompareNetworkSection(NetworkSection):
     """The link of the simulated wall-clock; by default 100 ms and 1 Gbit/s between every two replicas."""
 
@@ -125,11 +110,7 @@ class CompareConfig(StrictModel):
     calibration_steps: int = Field(12, ge=2, description="inner steps timed for the calibration (the first is a warm-up)")
     progress: bool = Field(True, description="progress bars")
 
-    @field_validator("replicas", "methods", "seeds", mode="before")
-    @classmethod
-    def _comma_lists(cls, value: Any) -> Any:
-        value = _list(value)
-        return [int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for v in value]
+    _lists = field_validator("replicas", "methods", "seeds", mode="before")(parse_list)
 
     @field_validator("replicas")
     @classmethod
@@ -210,8 +191,9 @@ def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
     import torch
 
     from swarmlm.models import load_model
-    from swarmlm.noloco.commands import load_tokenizer
     from swarmlm.noloco.data import prepare, replica_data
+    from swarmlm.noloco.launch import load_tokenizer
+    from swarmlm.noloco.replica import inner_optimizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -222,11 +204,7 @@ def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         inner = config.inner
-        if inner.optimizer == "adamw":
-            optimizer = torch.optim.AdamW(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps,
-                                          weight_decay=inner.weight_decay)
-        else:
-            optimizer = torch.optim.Adam(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps)
+        optimizer = inner_optimizer(params, inner)
         data = replica_data(config.data, loaded.tokenizer, replica=0, num_replicas=1, seq_len=config.seq_len,
                             batch_size=config.batch_size, seed=0)
         cpu, wall = [], []
@@ -256,8 +234,6 @@ def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
 # reading one run
 # ----------------------------------------------------------------------------------------------
 def load_run(run: TrainConfig) -> dict[int, list[dict[str, Any]]]:
-    from swarmlm.noloco.train import rank_dir
-
     # One record list per replica; in a pipeline run, stage 0's (rank d × S), which logs the replica's loss.
     return {r: read_jsonl(rank_dir(run.out, r * run.stages) / "metrics.jsonl") for r in range(run.nproc)}
 
@@ -303,7 +279,7 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
     measured = measured_compute(records, steps)
     step_s = free_step_s = calibration["cpu_s_per_step"]
     if run.stages > 1:
-        from swarmlm.noloco.pipeline_train import activation_bytes, gpipe_step_s
+        from swarmlm.experiments.gpipe_time import activation_bytes, gpipe_step_s
 
         nbytes = -(-nbytes // run.stages)  # each stage exchanges its own share of θ, all stages at once
         micro = run.grad_accum * run.pipeline.micro_batches
@@ -359,8 +335,8 @@ def plan(config: CompareConfig) -> list[tuple[int, int, str]]:
 def run_compare(config: CompareConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    from swarmlm.noloco.commands import run_training
-    from swarmlm.noloco.compare_report import write_report
+    from swarmlm.experiments.noloco_compare_report import write_report
+    from swarmlm.noloco.launch import run_training
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -393,6 +369,7 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
 
 
 def compare_command(config: CompareConfig) -> int:
+    require_matplotlib("swarmlm noloco compare")  # before hours of training, not after
     try:
         run_compare(config)
     except KeyboardInterrupt:

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from swarmlm.stats import mean_ci
+from swarmlm.experiments.stats import mean_ci
+from swarmlm.experiments.plots import pyplot
 
 COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan",
           "diloco-matched": "tab:purple"}
@@ -38,7 +39,9 @@ def time_to_reach(ppl: np.ndarray, sim: np.ndarray, target: float) -> float | No
     return None
 
 
-def summarize(config, numbers: list[dict[str, Any]]) -> dict[str, Any]:
+def compare_table(config, numbers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per M and method: final perplexity (mean and 95% interval over seeds), ratios to each DiLoCo baseline,
+    simulated time to reach each baseline's final perplexity, bytes, and model std."""
     table: dict[str, Any] = {}
     for m in config.replicas:
         per = {v: [n for n in numbers if n["M"] == m and n["variant"] == v] for v in config.methods}
@@ -215,18 +218,15 @@ DESC = {
     "ddp": "all-reduce of the gradients every step",
     "diloco": "all-reduce of φ − θ every H steps, outer Nesterov SGD lr 0.7 momentum 0.9 (DiLoCo paper)",
     "diloco-hb": "the same with outer heavy-ball SGD lr 0.7 momentum 0.3 (the NoLoCo reference's baseline)",
-    "noloco": "random pairs every H steps, α 0.5, β = γ 0.7, heavy-ball (SPEC B.2)",
-    "noloco-pp2": "the same, with the model in 2 pipeline stages and random routing (SPEC B.5); M × 2 processes",
+    "noloco": "random pairs every H steps, α 0.5, β = γ 0.7, heavy-ball (the NoLoCo paper's outer step)",
+    "noloco-pp2": "the same, with the model in 2 pipeline stages and the NoLoCo paper's random routing; M × 2 processes",
     "diloco-matched": "control: all-reduce every H steps with NoLoCo's own outer step (heavy-ball lr 0.7, momentum 0.5), "
                       "i.e. NoLoCo with the group = all replicas",
 }
 
 
 def plot_ppl(config, numbers: list[dict[str, Any]], path: Path, link_text: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ms = config.replicas
     fig, axes = plt.subplots(len(ms), 2, figsize=(12, 3.8 * len(ms)), squeeze=False)
@@ -254,10 +254,7 @@ def plot_ppl(config, numbers: list[dict[str, Any]], path: Path, link_text: str) 
 
 
 def plot_std(config, numbers: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ms = config.replicas
     fig, axes = plt.subplots(1, len(ms), figsize=(6.2 * len(ms), 4), squeeze=False)
@@ -286,7 +283,7 @@ def plot_std(config, numbers: list[dict[str, Any]], path: Path) -> None:
 def write_report(config, numbers: list[dict[str, Any]], calibration: dict[str, Any], link, *, wall_s: float,
                  timings: dict[str, float]) -> dict[str, Any]:
     out = Path(config.out)
-    table = summarize(config, numbers)
+    table = compare_table(config, numbers)
     results = {
         "settings": {**config.model_dump(mode="json"), "link": link.describe(), "cpu_count": os.cpu_count()},
         "calibration": {k: v for k, v in calibration.items() if k not in ("cpu_s_all", "wall_s_all")},

@@ -19,10 +19,12 @@ from pydantic import Field, field_validator
 from tqdm.auto import tqdm
 
 from swarmlm.config import dump_config
-from swarmlm.metrics import read_jsonl
+from swarmlm.experiments.plots import require_matplotlib
+from swarmlm.experiments.sapo_sharing_report import write_report
+from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.sapo.config import ExternalWeight, GRPOSection, SAPOSettings, SimulateConfig
-from swarmlm.sapo.experiment_report import write_report
-from swarmlm.sapo.simulate import node_dir, run_simulation
+from swarmlm.sapo.simulate import run_simulation
+from swarmlm.sapo.summary import node_dir
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +120,12 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True) -> dict[s
     runs = {(c, s): load_run(run_dir(out, c, s), config.nodes) for c, s in plan}
     results = write_report(config, runs, PAPER_RESULTS, wall_seconds=round(time.time() - started, 1))
     return results
+
+
+def experiment_command(config: ExperimentConfig) -> int:
+    """``swarmlm sapo experiment``: every I/J configuration over several seeds, then a table and plots."""
+    require_matplotlib("swarmlm sapo experiment")  # before the runs, not after
+    results = run_experiment(config)
+    print((Path(config.out) / "results.md").read_text())
+    print(f"results: {config.out}/results.json, plots: {config.out}/reward.png, {config.out}/eval.png")
+    return 0 if results else 1

@@ -12,18 +12,18 @@ from typing import Any
 
 import numpy as np
 
-from swarmlm.stats import mean_ci, moving_average
+from swarmlm.experiments.stats import mean_ci, moving_average
+from swarmlm.experiments.plots import pyplot
+from swarmlm.sapo.summary import node_totals
 
 
 def _run_numbers(nodes: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    finals = []
-    for rows in nodes:
-        evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
-        if evals:
-            finals.append(evals[-1])
+    """One run's figures from its nodes' per-round metrics."""
+    totals = [node_totals(rows) for rows in nodes]
+    finals = [t["final_eval_pass1"] for t in totals if t["final_eval_pass1"] is not None]
     ext = [r["reward_external"] for rows in nodes for r in rows if r.get("reward_external") is not None]
     return {
-        "cumulative_reward_own": sum(r["reward_own"] for rows in nodes for r in rows),
+        "cumulative_reward_own": sum(t["cumulative_reward_own"] for t in totals),
         "final_eval_pass1": sum(finals) / len(finals) if finals else None,
         "mean_reward_external_used": sum(ext) / len(ext) if ext else None,
         "rounds": min((len(rows) for rows in nodes), default=0),
@@ -40,7 +40,8 @@ def _pct(ratio: float | None) -> str:
     return "—" if ratio is None else f"{(ratio - 1) * 100:+.0f}%"
 
 
-def summarize(config, runs: dict[tuple[str, int], list[list[dict[str, Any]]]], paper: dict[str, float]) -> dict[str, Any]:
+def sharing_table(config, runs: dict[tuple[str, int], list[list[dict[str, Any]]]], paper: dict[str, float]) -> dict[str, Any]:
+    """Per I/J configuration: each seed's numbers, their means with 95% intervals, and the paper's figures."""
     baseline = config.configurations[0]
     table: dict[str, Any] = {}
     for c in config.configurations:
@@ -102,10 +103,7 @@ def _curves(runs, config, configuration: str, key: str) -> np.ndarray:
 
 
 def plot_reward(config, runs, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = len(config.configurations)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.4), sharey=True, squeeze=False)
@@ -127,10 +125,7 @@ def plot_reward(config, runs, path: Path) -> None:
 
 
 def plot_eval(config, runs, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for c in config.configurations:
@@ -156,7 +151,7 @@ def plot_eval(config, runs, path: Path) -> None:
 
 def write_report(config, runs, paper: dict[str, float], wall_seconds: float | None = None) -> dict[str, Any]:
     out = Path(config.out)
-    results = summarize(config, runs, paper)
+    results = sharing_table(config, runs, paper)
     results["settings"] = {"nodes": config.nodes, "rounds": config.rounds, "model": config.model.name,
                            "group_size": config.generation.group_size, "seeds": config.seeds}
     results["wall_seconds"] = wall_seconds

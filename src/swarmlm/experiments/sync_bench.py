@@ -7,7 +7,7 @@ of ``--numel`` fp32 values, ``--repeats`` times each, every time after a barrier
 together:
 
 - ``allreduce-gloo``: torch's own all-reduce (no injection possible; the library's algorithm);
-- ``allreduce``: the emulated all-reduce of :mod:`swarmlm.noloco.emulation` (the algorithm the model
+- ``allreduce``: the emulated all-reduce of :mod:`swarmlm.noloco.comm.emulated` (the algorithm the model
   picks for the injected link), over point-to-point messages, at latency 0 and at ``--latency-ms``;
 - ``pair``: NoLoCo's exchange exactly as training runs it (store rendezvous with a deadline, a fresh
   two-rank gloo link, one isend and one irecv), with the pairs of that outer step;
@@ -34,21 +34,14 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from swarmlm.config import StrictModel, dump_config
-from swarmlm.noloco.network import ALGORITHMS, Algorithm, LinkModel
+from swarmlm.config import StrictModel, dump_config, parse_list
+from swarmlm.experiments.plots import require_matplotlib
+from swarmlm.noloco.comm.link_model import ALGORITHMS, LinkModel
+from swarmlm.noloco.config import Algorithm
 
 log = logging.getLogger(__name__)
 
 OPS = ("allreduce-gloo", "allreduce", "pair", "pair-persistent")
-
-
-def _int_list(value: Any) -> Any:
-    """``--replicas 2,4,8`` (a string on the command line) or a single number, as a list."""
-    if isinstance(value, str):
-        return [int(v) for v in value.replace(" ", "").split(",") if v]
-    if isinstance(value, (int, float)):
-        return [value]
-    return value
 
 
 class SyncBenchConfig(StrictModel):
@@ -72,10 +65,7 @@ class SyncBenchConfig(StrictModel):
     jitter_ms: float = Field(50.0, ge=0, description="analytic model: std of each replica's compute time per sync "
                                                       "(synchronising ranks wait for the slowest of them)")
 
-    @field_validator("replicas", "analytic_replicas", mode="before")
-    @classmethod
-    def _comma_lists(cls, value: Any) -> Any:
-        return _int_list(value)
+    _lists = field_validator("replicas", "analytic_replicas", mode="before")(parse_list)
 
     @field_validator("replicas")
     @classmethod
@@ -101,9 +91,9 @@ def bench_worker(config_json: str) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
 
-    from swarmlm.distributed import destroy_process_group, init_process_group
-    from swarmlm.noloco.emulation import EmulatedCommunicator
-    from swarmlm.noloco.exchange import Communicator
+    from swarmlm.noloco.comm.emulated import EmulatedCommunicator
+    from swarmlm.noloco.comm.exchange import DistributedCommunicator, send_recv
+    from swarmlm.runtime.distributed import destroy_process_group, init_process_group
 
     config = SyncBenchConfig.model_validate_json(config_json)
     torch.set_num_threads(1)
@@ -114,7 +104,7 @@ def bench_worker(config_json: str) -> list[dict[str, Any]]:
     injected = LinkModel(config.latency_ms / 1000, config.bandwidth_gbit * 1e9 / 8 if config.bandwidth_gbit > 0 else math.inf,
                          config.allreduce)
     algorithm = injected.best_algorithm(nbytes, world) if config.allreduce == "best" else config.allreduce
-    plain = Communicator(rank=rank, world_size=world, timeout_s=config.timeout_s, run_key=f"sync-{key[0]}")
+    plain = DistributedCommunicator(rank=rank, world_size=world, timeout_s=config.timeout_s, run_key=f"sync-{key[0]}")
     links = {lat: EmulatedCommunicator(link=LinkModel(lat / 1000, injected.bandwidth if lat > 0 else math.inf, algorithm),
                                        rank=rank, world_size=world, timeout_s=config.timeout_s, run_key=f"sync-{key[0]}")
              for lat in sorted({0.0, config.latency_ms})}
@@ -153,7 +143,7 @@ def bench_worker(config_json: str) -> list[dict[str, Any]]:
                 return {"ok": None, "partners": []}
             peer = next(p for p in group if p != rank)
             buffer = torch.empty_like(payload)
-            works = comm._send_recv(pg, {group[0]: 0, group[1]: 1}, payload, buffer, 1 if rank == group[0] else 0)
+            works = comm.pair_transfer(pg, {group[0]: 0, group[1]: 1}, payload, buffer, 1 if rank == group[0] else 0)
             for work in works:
                 work.wait()
             return {"ok": bool((buffer == float(peer)).all()), "partners": [peer]}
@@ -175,7 +165,7 @@ def bench_worker(config_json: str) -> list[dict[str, Any]]:
                 pg, group = persistent_link(index, f"{latency}-{int(straggle)}")
                 dist.barrier()
                 if pg is not None:  # connect the link before the clock starts (a first tiny message)
-                    works = Communicator._send_recv(pg, {group[0]: 0, group[1]: 1}, torch.zeros(1), torch.zeros(1),
+                    works = send_recv(pg, {group[0]: 0, group[1]: 1}, torch.zeros(1), torch.zeros(1),
                                                     1 if rank == group[0] else 0)
                     for work in works:
                         work.wait()
@@ -314,8 +304,8 @@ def analytic_row(link: LinkModel, nbytes: float, m: int, *, per_hop_s: float = 0
 # the command
 # ----------------------------------------------------------------------------------------------
 def run_sync_bench(config: SyncBenchConfig, *, progress: bool = True) -> dict[str, Any]:
-    from swarmlm.distributed import launch_local
-    from swarmlm.noloco.sync_report import write_sync_report
+    from swarmlm.experiments.sync_bench_report import write_sync_report
+    from swarmlm.runtime.distributed import launch_local
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -400,6 +390,7 @@ def targets(rows: list[dict[str, Any]], config: SyncBenchConfig) -> dict[str, An
 
 
 def sync_bench_command(config: SyncBenchConfig) -> int:
+    require_matplotlib("swarmlm noloco sync-bench")  # before the launches, not after
     report = run_sync_bench(config)
     print((Path(config.out) / "sync.md").read_text())
     print(f"wrote {config.out}/sync.md, {config.out}/sync.png, {config.out}/sync.json ({report['wall_s']} s)")

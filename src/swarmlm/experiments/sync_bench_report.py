@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from swarmlm.experiments.plots import pyplot
+
 LABELS = {
     "allreduce-gloo": "all-reduce (torch/gloo)",
     "allreduce": "all-reduce (emulated)",
@@ -165,10 +167,7 @@ def _target_lines(config, report) -> list[str]:
 
 
 def plot(config, report: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = report["cells"]
     ms = sorted({r["M"] for r in rows})

@@ -13,9 +13,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from swarmlm.config import StrictModel
-from swarmlm.noloco.network import NetworkSection
 
 Method = Literal["noloco", "diloco", "ddp"]
+Algorithm = Literal["ring", "tree", "halving_doubling", "best"]
 
 
 class InnerSection(StrictModel):
@@ -116,6 +116,16 @@ class PipelineSection(StrictModel):
     max_wait_s: float | None = Field(None, gt=0, description="cap on any one wait for a hop, even with a live peer "
                                                              "(default 8 x timeout_s)")
     log_routes: bool = Field(False, description="log every step's peers (sent_to, recv_from) in the metrics")
+
+
+class NetworkSection(StrictModel):
+    """A link between every two replicas: one-way latency and bandwidth per message."""
+
+    latency_ms: float = Field(0.0, ge=0, description="one-way latency of every message between replicas (ms)")
+    bandwidth_gbit: float = Field(0.0, ge=0, description="bandwidth of every link (Gbit/s); 0 = unlimited")
+    allreduce: Algorithm = Field("best", description="all-reduce algorithm whose hops the model charges (best = the cheapest for the size and M)")
+    inject: bool = Field(False, description="really delay every message in the transport (sleep before each send); "
+                                            "otherwise the link is only modelled (simulated wall-clock)")
 
 
 class TrainConfig(StrictModel):

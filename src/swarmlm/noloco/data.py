@@ -37,7 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from swarmlm.cache import cache_root, file_lock
+from swarmlm.runtime.cache import cache_root, file_lock
 from swarmlm.noloco.config import DataSection
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""``swarmlm noloco train``: start M local workers (or act as one under torchrun) and summarise the run."""
+"""``swarmlm noloco train``: the entry point of one rank (:func:`worker_main`), the local launch of M × S workers
+(or one rank's part under the user's torchrun), and the run's summary."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from swarmlm.config import dump_config
-from swarmlm.metrics import read_jsonl
 from swarmlm.noloco.config import TrainConfig
+from swarmlm.noloco.pipeline.step import PipelineStep
+from swarmlm.noloco.replica import Replica, rank_dir
+from swarmlm.runtime.distributed import destroy_process_group, init_process_group
+from swarmlm.runtime.metrics import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +36,9 @@ def load_tokenizer(spec: str) -> Any:
     return AutoTokenizer.from_pretrained(spec)
 
 
-def summarize(config: TrainConfig, results: dict[int, Any] | None, world: int, wall_s: float) -> dict[str, Any]:
+def write_train_summary(config: TrainConfig, results: dict[int, Any] | None, world: int, wall_s: float) -> dict[str, Any]:
     """Per-rank and mean final validation figures (from the workers' results, else their metrics files);
     written to ``DIR/summary.json``."""
-    from swarmlm.noloco.train import rank_dir
 
     out = Path(config.out)
     ranks = {}
@@ -63,11 +66,42 @@ def summarize(config: TrainConfig, results: dict[int, Any] | None, world: int, w
     return summary
 
 
+def worker_main(config_json: str) -> dict[str, Any]:
+    """Entry point of one rank (``launch_local`` or the user's ``torchrun``)."""
+    config = TrainConfig.model_validate_json(config_json)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(os, "setpgrp") and os.getpgrp() != os.getpid():
+        # Leave the terminal's process group: a Ctrl+C then reaches the launcher (torchrun or launch_local)
+        # alone, which forwards exactly one SIGINT to every worker; one SIGINT is a graceful stop
+        # (graceful_interrupt), whereas the terminal's and the launcher's together would be an abort.
+        os.setpgrp()
+    rank, world = init_process_group(backend=config.backend, timeout_s=max(300.0, 4 * config.exchange.timeout_s))
+    if world % config.stages:
+        raise ValueError(f"the world size ({world}) is not a multiple of --stages ({config.stages})")
+    replicas = world // config.stages
+    if config.method == "noloco" and config.noloco.group_size > replicas > 1:
+        raise ValueError(f"noloco.group_size ({config.noloco.group_size}) is larger than the number of replicas ({replicas})")
+    try:
+        # Every rank creates the pipeline's process groups here, in the same order, before anything else.
+        inner_step = PipelineStep(config, rank, world) if config.stages > 1 else None
+        replica = Replica(config, rank, world, local_rank=int(os.environ.get("LOCAL_RANK", 0)), inner_step=inner_step)
+        return replica.run()
+    finally:
+        destroy_process_group()
+
+
 def run_training(config: TrainConfig) -> dict[str, Any]:
     """Train ``config.nproc`` replicas locally, or be one rank under torchrun; returns the summary."""
-    from swarmlm.distributed import launch_local, under_torchrun
+    from swarmlm.runtime.distributed import launch_local, under_torchrun
     from swarmlm.noloco.data import prepare
-    from swarmlm.noloco.train import worker_main
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +118,7 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
         result = worker_main(config.model_dump_json())
         if rank != 0:
             return result
-        return summarize(config, {0: result}, world, time.time() - started)
+        return write_train_summary(config, {0: result}, world, time.time() - started)
     dump_config(config, out / "config.yaml")
     prepare(config.data, load_tokenizer(config.model))  # tokenize once here, before the workers start
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -93,10 +127,10 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
         results = launch_local(config.nproc * config.stages, worker_main, config.model_dump_json())
     except SignalException as err:  # Ctrl+C / SIGTERM: the workers stopped at a common step and checkpointed
         log.warning("stopped by signal %s; run the same command again to resume from %s", err.sigval, config.out)
-        summary = summarize(config, None, config.nproc * config.stages, time.time() - started)
+        summary = write_train_summary(config, None, config.nproc * config.stages, time.time() - started)
         summary["interrupted"] = True
         return summary
-    return summarize(config, results, config.nproc * config.stages, time.time() - started)
+    return write_train_summary(config, results, config.nproc * config.stages, time.time() - started)
 
 
 def train_command(config: TrainConfig) -> int:

@@ -94,11 +94,10 @@ class DiLoCoOuter:
         return self.phi.data
 
     def momentum_buffer(self) -> torch.Tensor | None:
+        """SGD's momentum buffer (None before the first step): all the state a checkpoint needs besides φ."""
         state = self.optimizer.state.get(self.phi, {})
         return state.get("momentum_buffer")
 
-    def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
+    def load_momentum_buffer(self, buffer: torch.Tensor) -> None:
+        """Restore the momentum buffer from a checkpoint (a copy of ``buffer``)."""
+        self.optimizer.state[self.phi]["momentum_buffer"] = buffer.clone()

@@ -1,44 +1,46 @@
 """One replica's training loop: inner Adam(W) steps, and NoLoCo's or DiLoCo's outer step every H.
 
-:func:`worker_main` is the entry point of one rank, started by ``launch_local`` or by the user's own
-``torchrun``. Every rank builds the same initial model from the shared seed, trains on its own shard,
-and takes an outer step every ``outer.every`` inner steps:
+NoLoCo (Kolehmainen et al., arXiv 2506.10911) and DiLoCo (Douillard et al., arXiv 2311.08105) both train each
+replica with its own inner optimizer and take an *outer* step every H inner steps; data parallel (DDP) is the
+baseline that averages gradients every step. One :class:`Replica` is one process of a run, started by
+:func:`swarmlm.noloco.launch.worker_main`. Every rank builds the same initial model from the shared seed, trains
+on its own shard, and takes an outer step every ``outer.every`` inner steps:
 
 - ``noloco``: exchange with this outer step's group (point-to-point, with a deadline), then the
   NoLoCo update of φ and Δ, and θ ← φ;
 - ``diloco``: all-reduce of the pseudo-gradient φ − θ, then outer SGD on φ, and θ ← φ;
 - ``ddp``: gradients are all-reduced at every inner step instead (no outer step).
 
-φ and Δ are flat fp32 vectors beside the model. Rank 0 writes ``DIR/metrics.jsonl``, rank k
+φ and Δ are flat fp32 vectors beside the model. How a step's gradients come about (the whole model here, or one
+pipeline stage) is the replica's :class:`~swarmlm.noloco.inner_step.InnerStep`; how replicas talk, its
+:class:`~swarmlm.noloco.comm.base.Communicator`. Rank 0 writes ``DIR/metrics.jsonl``, rank k
 ``DIR/rank-k/metrics.jsonl``; checkpoints go to ``DIR/checkpoints/rank-k/``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from swarmlm.checkpoints import (Checkpoint, load_optimizer_state, load_rng_state, load_tensors,
-                                 save_checkpoint)
-from swarmlm.devices import autocast, resolve_device
-from swarmlm.distributed import destroy_process_group, init_process_group
-from swarmlm.interrupts import graceful_interrupt
-from swarmlm.metrics import MetricsWriter
-from swarmlm.noloco.config import TrainConfig
+from swarmlm.noloco.comm import make_communicator
+from swarmlm.noloco.comm.base import OUTER_STEP_NAMES
+from swarmlm.noloco.config import InnerSection, TrainConfig
 from swarmlm.noloco.data import replica_data, validation_batches
-from swarmlm.noloco.emulation import make_communicator
 from swarmlm.noloco.groups import group_of, make_groups
+from swarmlm.noloco.inner_step import DataParallelStep, InnerStep
 from swarmlm.noloco.outer import DiLoCoOuter, group_means, noloco_step, noloco_step_fast
+from swarmlm.runtime.checkpoints import (checkpoint_at, checkpoint_steps, load_optimizer_state, load_rng_state,
+                                         load_tensors, save_checkpoint)
+from swarmlm.runtime.devices import resolve_device
+from swarmlm.runtime.interrupts import graceful_interrupt
+from swarmlm.runtime.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +56,6 @@ def checkpoint_dir(out: str | Path, rank: int) -> Path:
     return Path(out) / "checkpoints" / f"rank-{rank}"
 
 
-def available_checkpoints(directory: Path) -> list[int]:
-    steps = []
-    for path in directory.glob("step-*"):
-        if (path / "state.json").exists():
-            steps.append(int(path.name.split("-")[1]))
-    return sorted(steps)
-
-
-def checkpoint_at(directory: Path, step: int) -> Checkpoint:
-    path = directory / f"step-{step:06d}"
-    state = json.loads((path / "state.json").read_text())
-    return Checkpoint(path=path, step=int(state["step"]), state=state)
-
-
 def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
     """Linear warmup over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
     if warmup > 0 and step < warmup:
@@ -77,44 +65,38 @@ def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _load_model_weights(model: torch.nn.Module, model_dir: Path) -> None:
-    from safetensors.torch import load_file
-
-    index = model_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(load_file(str(model_dir / name)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(f"checkpoint {model_dir} does not fit the model: missing {missing}, unexpected {unexpected}")
-    if tied:
-        model.tie_weights()
+def inner_optimizer(params: list[torch.nn.Parameter], inner: InnerSection) -> torch.optim.Optimizer:
+    """The replica's inner optimizer, Adam or AdamW, as ``inner`` configures it."""
+    if inner.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps,
+                                 weight_decay=inner.weight_decay)
+    return torch.optim.Adam(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps)
 
 
 class Replica:
-    """The state and loop of one rank."""
+    """The state and loop of one rank. ``inner_step`` is how this rank computes gradients (default: the whole
+    model, :class:`~swarmlm.noloco.inner_step.DataParallelStep`)."""
 
-    def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0):
+    def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0,
+                 inner_step: InnerStep | None = None):
         from swarmlm.models import load_model
 
         self.config = config
         self.rank = rank
         self.world = world_size
         self.method = config.method
-        # Pipeline layout (swarmlm.noloco.routing): rank = replica * stages + stage; one stage per replica unless
-        # --stages > 1 (PipelineReplica).
+        # Pipeline layout (swarmlm.noloco.pipeline.routing): rank = replica * stages + stage; one stage per replica unless
+        # --stages > 1 (PipelineStep).
         self.stages = config.stages
         self.replica, self.stage = divmod(rank, self.stages)
         self.replicas = world_size // self.stages
-        self.store_stop = self.method != "ddp"  # DDP agrees on stopping through its gradient all-reduce
+        self.inner_step = inner_step if inner_step is not None else DataParallelStep(self.method)
         self.device = self._device(local_rank)
         self.bf16 = config.precision == "bfloat16" or (
             config.precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
         torch.manual_seed(config.seed)
         loaded = load_model(config.model, seed=config.seed)
-        self.model = self._build_model(loaded.model).to(self.device)
+        self.model = self.inner_step.build_model(loaded.model).to(self.device)
         self.model.train()
         self.tokenizer = loaded.tokenizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -125,20 +107,16 @@ class Replica:
             d = config.diloco
             self.diloco = DiLoCoOuter(self.phi, lr=d.lr, momentum=d.momentum, nesterov=d.nesterov)
         inner = config.inner
-        if inner.optimizer == "adamw":
-            self.optimizer = torch.optim.AdamW(self.params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps,
-                                               weight_decay=inner.weight_decay)
-        else:
-            self.optimizer = torch.optim.Adam(self.params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps)
+        self.optimizer = inner_optimizer(self.params, inner)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warmup=inner.warmup_steps, total=config.steps, min_ratio=inner.min_lr_ratio))
         self.data = replica_data(config.data, self.tokenizer, replica=self.replica, num_replicas=self.replicas, seq_len=config.seq_len,
                                  batch_size=config.batch_size, seed=config.seed)
         self.val = validation_batches(self.data.val_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
                                       num_batches=config.eval_batches)
-        self.comm = make_communicator(config.network, rank=rank, world_size=world_size,
-                                      timeout_s=config.exchange.timeout_s, run_key=self._run_key())
-        self.outer_comm = self.comm  # the outer step's communicator: the stage's replica group in a pipeline
+        self.comm = make_communicator(config.network, rank=rank, world_size=world_size, timeout_s=config.exchange.timeout_s)
+        self.inner_step.attach(self)
+        self.outer_comm = self.inner_step.outer_comm  # the outer step's communicator: the stage's replica group in a pipeline
         self.step = 0
         self._stop_at: int | None = None
         self.saved_step: int | None = None
@@ -152,30 +130,6 @@ class Replica:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
         return device
-
-    def _run_key(self) -> str:
-        """A key shared by all ranks of this launch, so that store keys never collide with an earlier run."""
-        key = [uuid.uuid4().hex[:12] if self.rank == 0 else None]
-        if self.world > 1:
-            dist.broadcast_object_list(key, src=0)
-        return str(key[0])
-
-    # ----- hooks that a pipeline stage (swarmlm.noloco.pipeline_train.PipelineReplica) overrides
-    def _build_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model
-
-    def _load_weights(self, model_dir: Path) -> None:
-        _load_model_weights(self.model, model_dir)
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        return {}
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        if state.get("stages", 1) != self.stages:
-            raise RuntimeError(f"the checkpoint was written with {state.get('stages', 1)} pipeline stages, not {self.stages}")
-
-    def step_record(self) -> dict[str, Any]:
-        return {}
 
     # ----- flat views of the weights
     def theta(self) -> torch.Tensor:
@@ -193,13 +147,10 @@ class Replica:
     def resume(self) -> int | None:
         """Load the checkpoint to resume from (the newest step every rank holds); returns its step."""
         directory = checkpoint_dir(self.config.out, self.rank)
-        mine = available_checkpoints(directory)
+        mine = checkpoint_steps(directory)
         if self.config.resume == "never":
             return None
-        everyone: list[Any] = [mine]
-        if self.world > 1:
-            everyone = [None] * self.world
-            dist.all_gather_object(everyone, mine)
+        everyone = self.comm.gather_objects(mine)
         common = set(everyone[0]).intersection(*everyone[1:])
         if isinstance(self.config.resume, int):
             if self.config.resume not in common:
@@ -212,67 +163,60 @@ class Replica:
                 log.warning("rank %d: no checkpoint step is common to all ranks; starting over", self.rank)
             return None
         checkpoint = checkpoint_at(directory, target)
-        if checkpoint.state.get("method") != self.method:
-            raise RuntimeError(f"{checkpoint.path} was written by method '{checkpoint.state.get('method')}', not "
+        state = checkpoint.state
+        if state.get("method") != self.method:
+            raise RuntimeError(f"{checkpoint.path} was written by method '{state.get('method')}', not "
                                f"'{self.method}': use another --out, or --resume never to start over")
-        self._load_weights(checkpoint.model_dir)
+        if state.get("stages", 1) != self.stages:
+            raise RuntimeError(f"the checkpoint was written with {state.get('stages', 1)} pipeline stage(s), not "
+                               f"{self.stages}")
+        self.inner_step.load_weights(checkpoint.model_dir)
         load_optimizer_state(checkpoint, self.optimizer)
         tensors = load_tensors(checkpoint)
         self.phi.copy_(tensors["phi"])
-        self.delta.copy_(tensors["delta"])
+        self.delta.copy_(tensors["delta"])  # DiLoCo: its outer optimizer's momentum buffer
         if self.diloco is not None:
-            self.diloco.optimizer.state[self.diloco.phi]["momentum_buffer"] = self.delta.clone()
-        state = checkpoint.state
+            self.diloco.load_momentum_buffer(self.delta)
         self.scheduler.load_state_dict(state["scheduler"])
         self.data.sampler.load_state_dict(state["sampler"])
-        self.comm.traffic.bytes_sent = state["bytes_sent"]
-        self.comm.traffic.bytes_recv = state["bytes_recv"]
-        self.comm.traffic.seconds = state["comm_s"]
-        self.comm.traffic.skipped = state["skipped_total"]
+        self.comm.traffic.load_named(state, OUTER_STEP_NAMES)
         self.compute_s = state["compute_s"]
         self.tokens = state["tokens"]
-        self.restore_state(state)
+        self.inner_step.load_state_dict(state)
         load_rng_state(checkpoint)
         self.step = self.saved_step = target
         log.info("rank %d resumed from step %d", self.rank, target)
         return target
 
     def save(self) -> None:
-        delta = self.delta
-        if self.diloco is not None:
-            buffer = self.diloco.momentum_buffer()
-            delta = buffer if buffer is not None else torch.zeros_like(self.phi)
-        state = {"method": self.method, "scheduler": self.scheduler.state_dict(), "sampler": self.data.sampler.state_dict(),
-                 "bytes_sent": self.comm.traffic.bytes_sent, "bytes_recv": self.comm.traffic.bytes_recv,
-                 "comm_s": self.comm.traffic.seconds, "skipped_total": self.comm.traffic.skipped,
-                 "compute_s": self.compute_s, "tokens": self.tokens, **self.checkpoint_state()}
-        self.saved_step = self.step
-        save_checkpoint(checkpoint_dir(self.config.out, self.rank), self.step, model=self.model, optimizer=self.optimizer,
-                        state=state, tensors={"phi": self.phi.cpu(), "delta": delta.cpu()}, keep=self.config.keep_checkpoints)
+        with self.inner_step.waiting():
+            delta = self.delta
+            if self.diloco is not None:
+                buffer = self.diloco.momentum_buffer()
+                delta = buffer if buffer is not None else torch.zeros_like(self.phi)
+            state = {"method": self.method, "scheduler": self.scheduler.state_dict(), "sampler": self.data.sampler.state_dict(),
+                     **self.comm.traffic.named(OUTER_STEP_NAMES), "compute_s": self.compute_s, "tokens": self.tokens,
+                     **self.inner_step.state_dict()}
+            self.saved_step = self.step
+            save_checkpoint(checkpoint_dir(self.config.out, self.rank), self.step, model=self.model,
+                            optimizer=self.optimizer, state=state, tensors={"phi": self.phi.cpu(), "delta": delta.cpu()},
+                            keep=self.config.keep_checkpoints)
 
     # ----- the inner step
-    def inner_step(self, stop_flag: bool) -> tuple[float, float, bool]:
-        """One optimizer step (with gradient accumulation); returns (loss, lr, whether any rank asked to stop)."""
-        config = self.config
+    def train_step(self, stop_flag: bool) -> tuple[float, float, bool]:
+        """One optimizer step; returns (loss, lr, whether any rank asked to stop)."""
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for _ in range(config.grad_accum):
-            batch = self.data.sampler.next_batch().to(self.device)
-            with autocast(self.device, self.bf16):
-                loss = self.model(input_ids=batch, labels=batch).loss / config.grad_accum
-            loss.backward()
-            total += float(loss.detach())
-        stop = stop_flag
-        if self.method == "ddp" and self.world > 1:
-            stop = self._all_reduce_gradients(stop_flag)
-        torch.nn.utils.clip_grad_norm_(self.params, config.inner.clip)
+        loss, stop = self.inner_step.gradients(stop_flag)
+        torch.nn.utils.clip_grad_norm_(self.params, self.config.inner.clip)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
-        self.tokens += config.grad_accum * config.batch_size * config.seq_len
-        return total, lr, stop
+        self.tokens += self.inner_step.tokens_per_step()
+        return loss, lr, stop
 
-    def _all_reduce_gradients(self, stop_flag: bool) -> bool:
+    def all_reduce_gradients(self, stop_flag: bool) -> bool:
+        """DDP: average the gradients over the replicas, with the stop request riding along; returns whether any
+        replica asked to stop."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flag = torch.tensor([1.0 if stop_flag else 0.0], device=self.device)
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads] + [flag])
@@ -296,23 +240,25 @@ class Replica:
             time.sleep(faults.stall_s)
 
     def outer_step(self, outer_step: int) -> dict[str, Any]:
-        record: dict[str, Any] = {"outer_step": outer_step}
-        theta = self.theta()
-        if self.config.log.model_std:
-            record["model_std_fast"] = self.outer_comm.replica_std(theta)
-        self._inject_faults(outer_step)
-        comm_before = self.comm.traffic.seconds
-        if self.method == "noloco":
-            record.update(self._noloco(outer_step, theta))
-        elif self.method == "diloco":
-            pseudo = self.phi - theta
-            self.outer_comm.all_reduce_mean_(pseudo)
-            self.diloco.step(pseudo)
-        self.set_theta(self.phi)
-        record["outer_comm_s"] = self.comm.traffic.seconds - comm_before
-        if self.config.log.model_std:
-            record["model_std"] = self.outer_comm.replica_std(self.theta())
-        return record
+        with self.inner_step.waiting():
+            record: dict[str, Any] = {"outer_step": outer_step}
+            theta = self.theta()
+            if self.config.log.model_std:
+                record["model_std_fast"] = self.outer_comm.replica_std(theta)
+            with self.inner_step.stalled():
+                self._inject_faults(outer_step)
+            comm_before = self.comm.traffic.seconds
+            if self.method == "noloco":
+                record.update(self._noloco(outer_step, theta))
+            elif self.method == "diloco":
+                pseudo = self.phi - theta
+                self.outer_comm.all_reduce_mean_(pseudo)
+                self.diloco.step(pseudo)
+            self.set_theta(self.phi)
+            record["outer_comm_s"] = self.comm.traffic.seconds - comm_before
+            if self.config.log.model_std:
+                record["model_std"] = self.outer_comm.replica_std(self.theta())
+            return record
 
     def _noloco(self, outer_step: int, theta: torch.Tensor) -> dict[str, Any]:
         c = self.config.noloco
@@ -339,13 +285,10 @@ class Replica:
         All ranks then stop, and checkpoint, at the same step."""
         if self.world == 1:
             return requested
-        key = self.comm.key("stop")
         try:
-            if requested and self._stop_at is None:
-                self._stop_at = int(self.comm.store.compare_set(key, "", str(self.step + 2)))
-            elif self._stop_at is None and self.comm.store.check([key]):
-                self._stop_at = int(self.comm.store.get(key))
-        except (RuntimeError, dist.DistError):  # no store: stop on our own
+            if self._stop_at is None:
+                self._stop_at = self.comm.agree_stop(self.step + 2 if requested else None)
+        except RuntimeError:  # no store: stop on our own
             return requested
         return self._stop_at is not None and self.step >= self._stop_at
 
@@ -353,17 +296,12 @@ class Replica:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.model.eval()
-        total, count = 0.0, 0
-        for batch in self.val:
-            batch = batch.to(self.device)
-            with autocast(self.device, self.bf16):
-                loss = self.model(input_ids=batch, labels=batch).loss
-            tokens = batch.numel() - batch.shape[0]  # predictions per sequence: seq_len - 1
-            total += float(loss) * tokens
-            count += tokens
-        self.model.train()
-        val_loss = total / count
-        self.last_val = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
+        try:
+            total, tokens = self.inner_step.validation_loss()
+        finally:
+            self.model.train()
+        val_loss = total / tokens if tokens else math.nan
+        self.last_val = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0)) if tokens else math.nan}
         return self.last_val
 
     # ----- the loop
@@ -386,8 +324,8 @@ class Replica:
                     self.step += 1
                     started = time.perf_counter()
                     comm_before = self.comm.traffic.seconds
-                    loss, lr, stop = self.inner_step(interrupt.requested)
-                    if self.store_stop:
+                    loss, lr, stop = self.train_step(interrupt.requested)
+                    if self.inner_step.stop_in_store:
                         stop = self.agreed_stop(interrupt.requested)
                     if self.method == "noloco":
                         self.comm.heartbeat()
@@ -409,8 +347,8 @@ class Replica:
                         stop = True
                     if stop and self.step < config.steps and "val_loss" not in record:
                         record.update(self.evaluate())
-                    record.update(self.comm.traffic.as_dict())
-                    record.update(self.step_record())
+                    record.update(self.comm.traffic.named(OUTER_STEP_NAMES))
+                    record.update(self.inner_step.record())
                     record.update({"compute_s": self.compute_s, "tokens": self.tokens,
                                    "elapsed_s": time.perf_counter() - wall_start})
                     if self.step % config.log.every == 0 or outer_due or "val_loss" in record or stop:
@@ -433,37 +371,3 @@ class Replica:
                 "skipped_total": self.comm.traffic.skipped, "bytes_sent": self.comm.traffic.bytes_sent,
                 "bytes_recv": self.comm.traffic.bytes_recv, "comm_s": self.comm.traffic.seconds,
                 "compute_s": self.compute_s, "tokens": self.tokens}
-
-
-def worker_main(config_json: str) -> dict[str, Any]:
-    """Entry point of one rank (``launch_local`` or the user's ``torchrun``)."""
-    config = TrainConfig.model_validate_json(config_json)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(os, "setpgrp") and os.getpgrp() != os.getpid():
-        # Leave the terminal's process group: a Ctrl+C then reaches the launcher (torchrun or launch_local)
-        # alone, which forwards exactly one SIGINT to every worker; one SIGINT is a graceful stop
-        # (graceful_interrupt), whereas the terminal's and the launcher's together would be an abort.
-        os.setpgrp()
-    rank, world = init_process_group(backend=config.backend, timeout_s=max(300.0, 4 * config.exchange.timeout_s))
-    if world % config.stages:
-        raise ValueError(f"the world size ({world}) is not a multiple of --stages ({config.stages})")
-    replicas = world // config.stages
-    if config.method == "noloco" and config.noloco.group_size > replicas > 1:
-        raise ValueError(f"noloco.group_size ({config.noloco.group_size}) is larger than the number of replicas ({replicas})")
-    try:
-        if config.stages > 1:
-            from swarmlm.noloco.pipeline_train import PipelineReplica as replica_class
-        else:
-            replica_class = Replica
-        replica = replica_class(config, rank, world, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
-        return replica.run()
-    finally:
-        destroy_process_group()

@@ -94,6 +94,29 @@ def save_checkpoint(directory: str | Path, step: int, *, model: torch.nn.Module 
     return final
 
 
+def _read(path: Path) -> Checkpoint | None:
+    """The checkpoint in directory ``path``, or None where it is not a complete one (no ``state.json``)."""
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    return Checkpoint(path=path, step=int(state["step"]), state=state)
+
+
+def checkpoint_steps(directory: str | Path) -> list[int]:
+    """The steps of the complete checkpoints under ``directory``, in increasing order."""
+    return sorted(int(path.name.split("-")[1]) for path in Path(directory).glob("step-*")
+                  if (path / "state.json").exists())
+
+
+def checkpoint_at(directory: str | Path, step: int) -> Checkpoint:
+    """The checkpoint of ``step`` under ``directory`` (see :func:`checkpoint_steps`)."""
+    checkpoint = _read(Path(directory) / f"step-{step:06d}")
+    if checkpoint is None:
+        raise FileNotFoundError(f"no complete checkpoint of step {step} in {directory}")
+    return checkpoint
+
+
 def latest_checkpoint(directory: str | Path) -> Checkpoint | None:
     """The newest complete checkpoint under ``directory``, or None.
 
@@ -106,10 +129,9 @@ def latest_checkpoint(directory: str | Path) -> Checkpoint | None:
     candidates = [directory / pointer.read_text().strip()] if pointer.exists() else []
     candidates += sorted(directory.glob("step-*"), reverse=True)
     for path in candidates:
-        state_file = path / "state.json"
-        if state_file.is_file():
-            state = json.loads(state_file.read_text())
-            return Checkpoint(path=path, step=int(state["step"]), state=state)
+        checkpoint = _read(path)
+        if checkpoint is not None:
+            return checkpoint
     return None
 
 

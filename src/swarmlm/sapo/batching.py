@@ -7,12 +7,13 @@ completion tokens (EOS included) carry loss.
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
+
+from swarmlm.sapo.prefill import cache_argument, plain_layers, prefill, takes_logits_to_keep
 
 
 @dataclass
@@ -117,8 +118,7 @@ def token_logprobs(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> tu
     mask = batch["completion_mask"][:, 1:].to(device)
     targets = input_ids[:, 1:]
     kind = type(model)
-    if (_KEEP_MASK_SUPPORT.get(kind, True) and _large_output_layer(model)
-            and "logits_to_keep" in inspect.signature(model.forward).parameters):
+    if _KEEP_MASK_SUPPORT.get(kind, True) and _large_output_layer(model) and takes_logits_to_keep(model):
         keep = torch.zeros_like(input_ids, dtype=torch.bool)
         keep[:, :-1] = mask  # the position before each completion token predicts it
         try:
@@ -148,21 +148,6 @@ def has_shared_prompts(samples: list[TrainSample]) -> bool:
     return len({tuple(s.prompt_ids) for s in samples}) < len(samples)
 
 
-def _cache_argument(model: PreTrainedModel) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _plain_layers(cache) -> bool:
-    """Only caches made of plain full-attention layers are shared this way (no sliding window, no linear
-    attention), so that selecting rows of the cache is all the repetition needs."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:  # pragma: no cover
-        return False
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
 def shared_prompt_logprobs(model: PreTrainedModel, samples: list[TrainSample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Completion-token log-probs with each distinct prompt run once: [B, C] values and mask, C the longest completion.
 
@@ -180,23 +165,12 @@ def shared_prompt_logprobs(model: PreTrainedModel, samples: list[TrainSample], p
     for k in keys:
         groups.setdefault(k, len(groups))
     prompts = list(groups)
-    width = max(len(p) for p in prompts)
-    prompt_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    prompt_attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for g, p in enumerate(prompts):
-        prompt_ids[g, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        prompt_attn[g, width - len(p):] = 1
-    prompt_pos = (prompt_attn.cumsum(-1) - 1).clamp(min=0)
-    padded = bool((prompt_attn == 0).any())
-    cache_arg = _cache_argument(model)
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(input_ids=prompt_ids.to(device), attention_mask=prompt_attn.to(device) if padded else None,
-                position_ids=prompt_pos.to(device), use_cache=True, **last_only)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    if cache is None or not _plain_layers(cache):
+    prompt_pass = prefill(model, [list(p) for p in prompts], pad_id)  # each distinct prompt once, left-padded
+    cache, prompt_attn = prompt_pass.cache, prompt_pass.attention
+    if cache is None or not plain_layers(cache):
         _SHARED_SUPPORT[type(model)] = False
         return None
-    first_logits = out.logits[:, -1]  # [G, V]: the last prompt position predicts the first completion token
+    first_logits = prompt_pass.last_logits  # [G, V]: the last prompt position predicts the first completion token
     rows = torch.tensor([groups[k] for k in keys], device=device)
     cache.batch_select_indices(rows)  # differentiable: the rows' gradients add up on their prompt
 
@@ -221,7 +195,7 @@ def shared_prompt_logprobs(model: PreTrainedModel, samples: list[TrainSample], p
         keep[:, :-1] = rest_mask
         extra["logits_to_keep"] = keep
     out = model(input_ids=comp_ids[:, :-1] if not big else comp_ids, attention_mask=attention[:, :-1] if not big else attention,
-                position_ids=positions[:, :-1] if not big else positions, use_cache=True, **{cache_arg: cache}, **extra)
+                position_ids=positions[:, :-1] if not big else positions, use_cache=True, **{cache_argument(model): cache}, **extra)
     logits = out.logits
     if big and logits.dim() == 2:
         picked = selective_log_softmax(logits, comp_ids[:, 1:][rest_mask])

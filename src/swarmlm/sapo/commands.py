@@ -1,13 +1,14 @@
-"""Handlers of the ``swarmlm sapo …`` commands."""
+"""Handlers of the SAPO commands (``swarmlm sapo simulate | node | swarm`` and ``swarmlm warmstart``); each takes
+its validated config. The sharing experiment's handler is with the experiment (:mod:`swarmlm.experiments`)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import sys
 
 from swarmlm.sapo.config import SimulateConfig
-from swarmlm.sapo.experiment import ExperimentConfig
-from swarmlm.sapo.swarm_config import SwarmConfig, SwarmNodeConfig
+from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
+from swarmlm.sapo.warmstart import WarmstartConfig
 
 
 def simulate_command(config: SimulateConfig) -> int:
@@ -23,36 +24,22 @@ def simulate_command(config: SimulateConfig) -> int:
     return 0 if summary.get("completed", True) else 130
 
 
-def experiment_command(config: ExperimentConfig) -> int:
-    """``swarmlm sapo experiment``: every I/J configuration over several seeds, then a table and plots."""
-    from swarmlm.sapo.experiment import run_experiment
-
-    results = run_experiment(config)
-    print((Path(config.out) / "results.md").read_text())
-    print(f"results: {config.out}/results.json, plots: {config.out}/reward.png, {config.out}/eval.png")
-    return 0 if results else 1
-
-
 def node_command(config: SwarmNodeConfig) -> int:
     """``swarmlm sapo node``: one node of a decentralized swarm."""
-    import sys
-
-    from swarmlm.sapo.swarm_node import node_command_result, run_node
-    from swarmlm.sapo.transports.hivemind_dht import BootstrapError
+    from swarmlm.sapo.swarm.volunteer import print_volunteer_summary, run_volunteer
+    from swarmlm.sapo.transports.hivemind.transport import BootstrapError
 
     try:
-        summary = run_node(config)
+        summary = run_volunteer(config)
     except (BootstrapError, ValueError, ImportError) as err:
         print(f"swarmlm sapo node: {err}", file=sys.stderr)
         return 1
-    return node_command_result(summary, config.out)
+    return print_volunteer_summary(summary, config.out)
 
 
 def swarm_command(config: SwarmConfig) -> int:
     """``swarmlm sapo swarm``: N nodes on this machine over loopback."""
-    import sys
-
-    from swarmlm.sapo.swarm import run_swarm
+    from swarmlm.sapo.swarm.launcher import run_swarm
 
     try:
         summary = run_swarm(config)
@@ -73,3 +60,11 @@ def swarm_command(config: SwarmConfig) -> int:
     }, indent=1))
     print(f"metrics: {config.out}/node-*/metrics.jsonl, logs: {config.out}/node-*/node.log, summary: {config.out}/summary.json")
     return 0 if summary["completed"] else 1
+
+
+def warmstart_command(config: WarmstartConfig) -> int:
+    """``swarmlm warmstart``: train (or find in the cache) a preset's format warm start and print its directory."""
+    from swarmlm.sapo.warmstart import warmstart
+
+    print(warmstart(config))
+    return 0

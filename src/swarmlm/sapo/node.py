@@ -1,11 +1,16 @@
-"""A SAPO node: its own policy, task stream and verifier, and one round of SAPO (SPEC A.2).
+"""A SAPO node: its own policy, task stream and verifier, and one round of SAPO (Swarm sAmpling Policy
+Optimization, arXiv 2509.08721).
 
 A round has two halves so that a driver can interleave many nodes:
 
 * :meth:`SAPONode.play` samples I questions, generates L completions each, scores them with the
   node's verifier and publishes the records;
 * :meth:`SAPONode.learn` collects the other nodes' records, validates and re-scores them, picks J
-  external groups, takes one GRPO update on the I + J groups, evaluates, logs and checkpoints.
+  external groups, takes one GRPO update on the I + J groups (:mod:`swarmlm.sapo.update`), evaluates,
+  logs and checkpoints.
+
+The node owns its I/O (transport, metrics, checkpoints) and its evaluation; the update is
+:class:`~swarmlm.sapo.update.GRPOUpdate`'s.
 """
 
 from __future__ import annotations
@@ -21,19 +26,21 @@ from typing import Any
 
 import torch
 
-from swarmlm.checkpoints import latest_checkpoint, load_optimizer_state, save_checkpoint
-from swarmlm.devices import DTYPES, resolve_device
-from swarmlm.metrics import MetricsWriter
+from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state, save_checkpoint
+from swarmlm.runtime.devices import DTYPES, resolve_device
+from swarmlm.runtime.metrics import MetricsWriter
 from swarmlm.models import PRESETS, load_model
-from swarmlm.sapo.batching import TrainSample, micro_batch_order, sample_logprobs, with_eos
+from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
-from swarmlm.sapo.generation import Generated, GenerationEngine, make_engine, tokenize_prompts
-from swarmlm.sapo.grpo import group_advantages, grpo_loss
+from swarmlm.sapo.engines import make_engine
+from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
+from swarmlm.sapo.grpo import group_advantages
 from swarmlm.sapo.records import DropCounter, RolloutRecord, decode_message, encode_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
+from swarmlm.sapo.update import GRPOUpdate
 from swarmlm.tasks import Question, TaskSource, build_prompt, eval_questions, extract_answer
-from swarmlm.warmstart import WarmstartConfig, warmstart
+from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +117,7 @@ class SAPONode:
             self.rng.setstate((st["rng"][0], tuple(st["rng"][1]), st["rng"][2]))
             self.drops.counts.update(st.get("drops", {}))
             log.info("%s resumed from %s (round %d)", self.node_id, checkpoint.path, self.round)
+        self.updater = GRPOUpdate(self.model, self.optimizer, config.grpo, self.tokenizer.pad_token_id, self.ref_model)
         # generates the rollouts; an engine holding its own copy of the weights (vLLM) is synced after each update
         self.engine: GenerationEngine = make_engine(config.generation, self.model, self.tokenizer)
         self.metrics = MetricsWriter(self.out_dir, step_key="round", resume_from=self.round, tensorboard=tensorboard)
@@ -152,7 +160,7 @@ class SAPONode:
         rewards = [self._score_texts(q.family, q.entry, gen.texts) for q, gen in zip(questions, generated)]
         own = OwnRollouts(round, questions, generated, rewards, gen_seconds,
                           gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)))
-        own.global_round = self.transport.global_round(round)  # records are keyed by the swarm's round (SPEC A.6)
+        own.global_round = self.transport.global_round(round)  # records are keyed by the swarm's round, not a local count
         records = [RolloutRecord(self.node_id, own.global_round, q.family, q.question, q.answer, q.metadata, gen.texts,
                                  self.model_name) for q, gen in zip(questions, generated)]
         started = time.perf_counter()
@@ -204,101 +212,12 @@ class SAPONode:
                     samples.append(TrainSample(p_ids, with_eos(ids, eos, max_new), a, external=True))
         return samples
 
-    @torch.no_grad()
-    def _logprobs_of(self, model, samples: list[TrainSample]) -> list[torch.Tensor]:
-        """Per-sample completion-token log-probs (1-D, aligned with each sample's completion)."""
-        out: list[torch.Tensor | None] = [None] * len(samples)
-        mb = self.config.grpo.micro_batch_size
-        order = micro_batch_order(samples, list(range(len(samples))))  # little padding, shared prompts run once
-        for start in range(0, len(order), mb):
-            idx = order[start:start + mb]
-            logp, mask = sample_logprobs(model, [samples[i] for i in idx], self.tokenizer.pad_token_id)
-            values = logp[mask].float().split(mask.sum(dim=1).tolist())
-            for i, v in zip(idx, values):
-                out[i] = v
-        return out
-
-    def _external_weights(self, samples: list[TrainSample], old: list[torch.Tensor]) -> None:
-        """Truncated importance weights: ``min(1, exp(mean logp(ext) - mean logp(own)))`` per external completion."""
-        own = [lp.mean() for s, lp in zip(samples, old) if not s.external and lp.numel()]
-        if not own:
-            return
-        reference = torch.stack(own).mean()
-        for s, lp in zip(samples, old):
-            if s.external and lp.numel():
-                s.weight = float(torch.clamp(torch.exp(lp.mean() - reference), max=1.0))
-
     def update(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One GRPO update (``ppo_epochs`` × ``num_minibatches`` optimizer steps) on ``samples``."""
-        cfg = self.config.grpo
-        if not samples:
-            return {"loss": None}
-        needs_old = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1 or cfg.external_weight == "truncated"
-        order = list(range(len(samples)))
-        self.rng.shuffle(order)  # the first pass's order
-        per_mb = math.ceil(len(order) / cfg.num_minibatches)
-        old: list[torch.Tensor | None] | None = None
-        if cfg.external_weight == "truncated":  # the weights need every old log-prob before the first loss
-            old = self._logprobs_of(self.model, samples)
-            self._external_weights(samples, old)
-        elif needs_old:
-            # The first minibatch of the first pass runs on the unchanged policy: its forward pass gives its old
-            # log-probs (kept below). Only the samples after it need a separate pass before the first step.
-            old = [None] * len(samples)
-            rest = order[per_mb:]
-            for i, lp in zip(rest, self._logprobs_of(self.model, [samples[i] for i in rest]) if rest else []):
-                old[i] = lp
-        ref = self._logprobs_of(self.ref_model, samples) if self.ref_model is not None else None
-        losses, clip_fracs, kls, grad_norms = [], [], [], []
-        for epoch in range(cfg.ppo_epochs):
-            if epoch > 0:
-                self.rng.shuffle(order)
-            for mb_start in range(0, len(order), per_mb):
-                mb = order[mb_start:mb_start + per_mb]
-                n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
-                self.optimizer.zero_grad(set_to_none=True)
-                mb_loss = 0.0
-                # sorted so that micro-batches waste little padding and a group's shared prompt runs once
-                mb_sorted = micro_batch_order(samples, mb)
-                for mi in range(0, len(mb_sorted), cfg.micro_batch_size):
-                    idx = mb_sorted[mi:mi + cfg.micro_batch_size]
-                    chunk = [samples[i] for i in idx]
-                    logp, mask = sample_logprobs(self.model, chunk, self.tokenizer.pad_token_id)
-                    if old is None:  # one pass, one step: the old policy is the current one (ρ ≡ 1)
-                        old_lp = logp.detach()
-                    else:
-                        if any(old[i] is None for i in idx):  # first minibatch of the first pass (see above)
-                            current = logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
-                            for i, lp in zip(idx, current):
-                                if old[i] is None:
-                                    old[i] = lp
-                        old_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([old[i] for i in idx]).to(logp))
-                    ref_lp = None
-                    if ref is not None:
-                        ref_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([ref[i] for i in idx]).to(logp))
-                    adv = torch.tensor([s.advantage for s in chunk], device=logp.device)
-                    w = torch.tensor([s.weight for s in chunk], device=logp.device)
-                    loss, stats = grpo_loss(logp, old_lp, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-                                            beta=cfg.beta, ref_logp=ref_lp, weights=w, num_tokens=n_tokens)
-                    loss.backward()
-                    mb_loss += loss.item()
-                    tokens = float(mask.sum())  # per-token statistics, weighted by each micro-batch's tokens
-                    clip_fracs.append((stats["clip_frac"].item(), tokens))
-                    if "kl" in stats:
-                        kls.append((stats["kl"].item(), tokens))
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
-                self.optimizer.step()
-                losses.append(mb_loss)
-        self.engine.sync_weights()  # an engine with its own copy of the weights generates with the new policy
-
-        def token_mean(pairs: list[tuple[float, float]]) -> float:
-            return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
-
-        out = {"loss": sum(losses) / len(losses), "clip_frac": token_mean(clip_fracs),
-               "grad_norm": sum(grad_norms) / len(grad_norms)}
-        if kls:
-            out["kl"] = token_mean(kls)
-        return out
+        """One GRPO update on ``samples`` (:class:`~swarmlm.sapo.update.GRPOUpdate`), then the engine's weights."""
+        stats = self.updater.update(samples, self.rng)
+        if samples:
+            self.engine.sync_weights()  # an engine with its own copy of the weights generates with the new policy
+        return stats
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -17,43 +17,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from swarmlm.config import dump_config
-from swarmlm.interrupts import graceful_interrupt
-from swarmlm.metrics import read_jsonl
+from swarmlm.runtime.interrupts import graceful_interrupt
 from swarmlm.sapo.config import SimulateConfig
 from swarmlm.sapo.node import SAPONode, initial_model_path
+from swarmlm.sapo.summary import node_dir, write_run_summary
 from swarmlm.sapo.transports.in_process import InProcessHub
 
 log = logging.getLogger(__name__)
-
-
-def node_dir(out: str | Path, index: int) -> Path:
-    return Path(out) / f"node-{index}"
-
-
-def summarize(out: str | Path, num_nodes: int, wall_seconds: float | None = None) -> dict[str, Any]:
-    """Cumulative own reward per node and in total, from the nodes' metrics files; written to ``summary.json``."""
-    nodes = {}
-    for k in range(num_nodes):
-        rows = read_jsonl(node_dir(out, k) / "metrics.jsonl")
-        evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
-        nodes[f"node-{k}"] = {
-            "rounds": len(rows),
-            "cumulative_reward_own": sum(r["reward_own"] for r in rows),
-            "mean_reward_own": (sum(r["reward_own"] for r in rows) / len(rows)) if rows else None,
-            "first_eval_pass1": evals[0] if evals else None,
-            "final_eval_pass1": evals[-1] if evals else None,
-            "external_used": sum(r.get("external_used", 0) for r in rows),
-            "records_dropped": sum(r.get("records_dropped", 0) for r in rows),
-        }
-    finals = [n["final_eval_pass1"] for n in nodes.values() if n["final_eval_pass1"] is not None]
-    summary = {
-        "nodes": nodes,
-        "total_cumulative_reward_own": sum(n["cumulative_reward_own"] for n in nodes.values()),
-        "mean_final_eval_pass1": sum(finals) / len(finals) if finals else None,
-        "wall_seconds": wall_seconds,
-    }
-    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
 
 
 def _run_in_process(config: SimulateConfig, initial: str, progress: bool) -> bool:
@@ -87,7 +57,7 @@ def torch_worker(config_json: str, initial: str) -> int:
     """Entry point of one rank: one node over :class:`TorchDistributedTransport`."""
     import torch.distributed as dist
 
-    from swarmlm.distributed import destroy_process_group, init_process_group
+    from swarmlm.runtime.distributed import destroy_process_group, init_process_group
     from swarmlm.sapo.transports.torch_distributed import TorchDistributedTransport
 
     config = SimulateConfig.model_validate_json(config_json)
@@ -110,7 +80,7 @@ def torch_worker(config_json: str, initial: str) -> int:
 
 def run_simulation(config: SimulateConfig, *, progress: bool = True) -> dict[str, Any]:
     """Run the swarm to ``config.rounds`` (resuming what ``config.out`` already holds) and summarise it."""
-    from swarmlm.distributed import launch_local, under_torchrun
+    from swarmlm.runtime.distributed import launch_local, under_torchrun
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,7 +96,7 @@ def run_simulation(config: SimulateConfig, *, progress: bool = True) -> dict[str
             return {}
     else:
         launch_local(config.nodes, torch_worker, config.model_dump_json(), initial)
-    summary = summarize(out, config.nodes, wall_seconds=round(time.time() - started, 1))
+    summary = write_run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
     summary["completed"] = completed
     Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

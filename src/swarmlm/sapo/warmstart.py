@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from tqdm.auto import tqdm
 
-from swarmlm.cache import cache_root, file_lock
+from swarmlm.runtime.cache import cache_root, file_lock
 from swarmlm.config import StrictModel
 from swarmlm.models import PRESETS, build_preset
 from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer

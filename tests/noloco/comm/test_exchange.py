@@ -22,12 +22,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from swarmlm.noloco.exchange import Communicator
+    from swarmlm.noloco.comm.exchange import DistributedCommunicator
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
-    comm = Communicator(rank=rank, world_size=world, timeout_s=TIMEOUT_S, run_key="test")
+    comm = DistributedCommunicator(rank=rank, world_size=world, timeout_s=TIMEOUT_S, run_key="test")
     payload = torch.full((50_000,), float(rank))
     rounds = {
         1: [[0, 1], [2, 3]],
@@ -48,7 +48,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         log.append({"step": step, "seconds": time.monotonic() - started,
                     "received": {str(p): float(t.mean()) for p, t in result.received.items()},
                     "exact": all(bool((t == float(p)).all()) for p, t in result.received.items()),
-                    "skipped": sorted(result.skipped), "bytes_sent": result.bytes_sent, "bytes_recv": result.bytes_recv})
+                    "skipped": sorted(result.skipped), "bytes_sent": result.traffic.bytes_sent, "bytes_recv": result.traffic.bytes_recv})
         Path(out, f"rank-{rank}.json").write_text(json.dumps(log))
     finished = time.monotonic()
     comm.finish(grace_s=2 * TIMEOUT_S)  # rank 0 hosts the store: it waits for 2 and 3, not for dead rank 1
@@ -58,7 +58,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_exchange_with_stalled_and_dead_partners(tmp_path):
-    from swarmlm.distributed import free_port
+    from swarmlm.runtime.distributed import free_port
 
     ctx = mp.get_context("spawn")
     port = free_port()

@@ -25,13 +25,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from swarmlm.distributed import free_port
+from swarmlm.runtime.distributed import free_port
 from swarmlm.models import load_model
-from swarmlm.noloco.links import PipeLinks
-from swarmlm.noloco.pipeline import StageModule, build_stage, build_stages, split_layers
+from swarmlm.noloco.comm.links import PipeLinks
+from swarmlm.noloco.pipeline.stages import StageModule, build_stage, build_stages, split_layers
 from swarmlm.noloco.config import TrainConfig
-from swarmlm.noloco.pipeline_train import PipelineEngine, activation_bytes, gpipe_step_s
-from swarmlm.noloco.routing import Routes, position, rank_of, route_permutations
+from swarmlm.experiments.gpipe_time import activation_bytes, gpipe_step_s
+from swarmlm.noloco.pipeline.schedule import PipelineSchedule
+from swarmlm.noloco.pipeline.routing import Routes, position, rank_of, route_permutations
 
 
 # ----------------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def test_routes_seen_from_both_ends_agree():
 
 
 def test_routes_are_identical_in_separate_interpreters():
-    code = ("import json, hashlib; from swarmlm.noloco.routing import route_permutations as r;"
+    code = ("import json, hashlib; from swarmlm.noloco.pipeline.routing import route_permutations as r;"
             "print(hashlib.sha256(json.dumps([r(16, 123, t, b, 4) for t in range(50) for b in range(3)]).encode()).hexdigest())")
     here = hashlib.sha256(json.dumps([route_permutations(16, 123, t, b, 4) for t in range(50) for b in range(3)]).encode()).hexdigest()
     for _ in range(2):
@@ -229,7 +230,7 @@ def test_hops_deliver_abandon_a_stalled_peer_and_recover():
     (sent, sent_s), (recv, recv_s) = got[0], got[1]
     assert not sent.ok and sent.reason == "abandoned" and 0.9 <= sent_s < 2.4
     assert not recv.ok and recv.reason == "abandoned" and recv_s < 0.5
-    assert a.traffic.abandoned == 1 and b.traffic.abandoned == 1
+    assert a.traffic.skipped == 1 and b.traffic.skipped == 1
 
     # A peer that is itself waiting (for rank 2, who never comes) keeps beating, so rank 0 does not give up
     # on it although it waits longer than the timeout; and the same pair's link still works.
@@ -257,7 +258,7 @@ def _stage_worker(cluster: Cluster, rank: int, M: int, S: int, batches: dict, *,
     torch.manual_seed(0)
     module = build_stage(load_model("tiny-llama", seed=0).model.float(), stage, S)
     links = cluster.links(rank, timeout_s=timeout_s)
-    engine = PipelineEngine(module, links, replica=replica, stage=stage, num_replicas=M, num_stages=S, seed=3,
+    engine = PipelineSchedule(module, links, replica=replica, stage=stage, num_replicas=M, num_stages=S, seed=3,
                             num_micro_batches=n, retry_slots=retry, routing=routing)
 
     def run():
@@ -381,7 +382,7 @@ def test_engine_random_routes_retry_around_a_stalled_peer():
 # ----------------------------------------------------------------------------------------------
 def test_compare_includes_a_two_stage_noloco_run(tmp_path):
     from swarmlm.config import ConfigError
-    from swarmlm.noloco.compare import CompareConfig, finished, load_run, train_config
+    from swarmlm.experiments.noloco_compare import CompareConfig, finished, load_run, train_config
 
     config = CompareConfig(out=str(tmp_path), replicas="2", methods="noloco,noloco-pp2", steps=3)
     plain, piped = train_config(config, 2, 0, "noloco"), train_config(config, 2, 0, "noloco-pp2")

@@ -20,21 +20,21 @@ import pytest
 import torch
 
 from swarmlm.cli import main
-from swarmlm.distributed import launch_local
-from swarmlm.metrics import read_jsonl
+from swarmlm.runtime.distributed import launch_local
+from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.models import load_model
-from swarmlm.noloco.pipeline import build_stage
-from swarmlm.noloco.routing import Routes, position, rank_of
-from swarmlm.noloco.train import checkpoint_dir, rank_dir
+from swarmlm.noloco.pipeline.stages import build_stage
+from swarmlm.noloco.pipeline.routing import Routes, position, rank_of
+from swarmlm.noloco.replica import checkpoint_dir, rank_dir
 
 
 def _identity_worker(batches: list[torch.Tensor]) -> dict:
     """One process of an M = 1, S = 2 pipeline: one inner step's gradients, with the engine of real runs."""
     from torch.distributed import distributed_c10d as c10d
 
-    from swarmlm.distributed import destroy_process_group, init_process_group
-    from swarmlm.noloco.links import PipeLinks
-    from swarmlm.noloco.pipeline_train import PipelineEngine
+    from swarmlm.runtime.distributed import destroy_process_group, init_process_group
+    from swarmlm.noloco.comm.links import PipeLinks
+    from swarmlm.noloco.pipeline.schedule import PipelineSchedule
 
     torch.set_num_threads(1)
     rank, world = init_process_group("gloo")
@@ -42,7 +42,7 @@ def _identity_worker(batches: list[torch.Tensor]) -> dict:
         replica, stage = position(rank, 2)
         module = build_stage(load_model("tiny-llama", seed=0).model.float(), stage, 2)
         links = PipeLinks(store=c10d._get_default_store(), rank=rank, key=lambda name: f"test/{name}", timeout_s=60)
-        engine = PipelineEngine(module, links, replica=replica, stage=stage, num_replicas=1, num_stages=2, seed=0,
+        engine = PipelineSchedule(module, links, replica=replica, stage=stage, num_replicas=1, num_stages=2, seed=0,
                                 num_micro_batches=len(batches), retry_slots=1, routing="identity")
         report = engine.train_step(1, batches if stage == 0 else None)
         return {"report": dataclasses.asdict(report),

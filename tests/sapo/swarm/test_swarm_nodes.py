@@ -28,11 +28,12 @@ import pytest
 
 pytest.importorskip("hivemind")
 
-from swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
+from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
 
-from swarmlm.checkpoints import latest_checkpoint  # noqa: E402
-from swarmlm.metrics import read_jsonl  # noqa: E402
-from swarmlm.sapo.transports.hivemind_dht import RoundClock, load_identity  # noqa: E402
+from swarmlm.runtime.checkpoints import latest_checkpoint  # noqa: E402
+from swarmlm.runtime.metrics import read_jsonl  # noqa: E402
+from swarmlm.sapo.transports.hivemind.clock import RoundClock  # noqa: E402
+from swarmlm.sapo.transports.hivemind.identity import load_identity  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +124,7 @@ def sources(rows: list[dict], key: str) -> set[str]:
 @pytest.fixture(scope="module")
 def warm_model() -> str:
     """A tiny-qwen2 that writes ``<answer>…</answer>`` often and is sometimes right: 40 small supervised steps."""
-    from swarmlm.warmstart import WarmstartConfig, warmstart
+    from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
 
     return str(warmstart(WarmstartConfig(model="tiny-qwen2", steps=40, batch_size=8, lr=3e-3), progress=False))
 

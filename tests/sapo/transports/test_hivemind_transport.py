@@ -18,18 +18,12 @@ import pytest
 
 pytest.importorskip("hivemind")
 
-from swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
+from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
 
 from swarmlm.sapo.records import DropCounter  # noqa: E402
-from swarmlm.sapo.transports.hivemind_dht import (  # noqa: E402
-    HivemindTransport,
-    RoundClock,
-    check_multiaddrs,
-    load_identity,
-    owner_public_key,
-    peer_id_of_public_key,
-    round_key,
-)
+from swarmlm.sapo.transports.hivemind.clock import RoundClock, round_key  # noqa: E402
+from swarmlm.sapo.transports.hivemind.identity import load_identity, owner_public_key, peer_id_of_public_key  # noqa: E402
+from swarmlm.sapo.transports.hivemind.transport import HivemindTransport, check_multiaddrs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -231,7 +225,9 @@ def test_dht_and_p2p_daemon_die_with_a_killed_node(tmp_path):
 
     script = (
         "import sys, time\n"
-        "from swarmlm.sapo.transports.hivemind_dht import HivemindTransport, RoundClock, load_identity\n"
+        "from swarmlm.sapo.transports.hivemind.clock import RoundClock\n"
+        "from swarmlm.sapo.transports.hivemind.identity import load_identity\n"
+        "from swarmlm.sapo.transports.hivemind.transport import HivemindTransport\n"
         f"t = HivemindTransport(load_identity({str(tmp_path / 'n.key')!r}), run='t', clock=RoundClock(5.0),\n"
         "                      staleness_rounds=1, host_maddrs=['/ip4/127.0.0.1/tcp/0'])\n"
         "print('ready', flush=True)\n"

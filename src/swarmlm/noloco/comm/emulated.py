@@ -1,24 +1,22 @@
-"""The injected network model: a :class:`Communicator` whose every message waits for the modelled link
-(see :mod:`swarmlm.noloco.network` for the model and why it was chosen), and all-reduce algorithms run
+"""The injected network model: a communicator whose every message waits for the modelled link
+(see :mod:`swarmlm.noloco.comm.link_model` for the model and why it was chosen), and all-reduce algorithms run
 over point-to-point messages so that their hops can be delayed one by one."""
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 
 import torch
 import torch.distributed as dist
 
-from swarmlm.noloco.exchange import Communicator
-from swarmlm.noloco.network import LinkModel, NetworkSection
-
-log = logging.getLogger(__name__)
+from swarmlm.noloco.comm.exchange import DistributedCommunicator, send_recv
+from swarmlm.noloco.comm.link_model import LinkModel
 
 
-class EmulatedCommunicator(Communicator):
-    """:class:`Communicator` over an emulated link: every message sleeps ``link.message_s(bytes)`` before
+
+class EmulatedCommunicator(DistributedCommunicator):
+    """:class:`DistributedCommunicator` over an emulated link: every message sleeps ``link.message_s(bytes)`` before
     it is sent. NoLoCo's exchange keeps its rendezvous and fresh per-link groups; DiLoCo's and DDP's
     all-reduce runs as ``link.algorithm`` over point-to-point messages (gloo), so latency accumulates hop by
     hop. The store operations (rendezvous, heartbeats) are not delayed."""
@@ -36,9 +34,9 @@ class EmulatedCommunicator(Communicator):
             self.delay_s += seconds
 
     # NoLoCo: one delayed message each way, concurrently, per link
-    def _send_recv(self, pg, ranks, payload, buffer, peer_index):
+    def pair_transfer(self, pg, ranks, payload, buffer, peer_index):
         self._delay(payload.numel() * payload.element_size())
-        return Communicator._send_recv(pg, ranks, payload, buffer, peer_index)
+        return send_recv(pg, ranks, payload, buffer, peer_index)
 
     # DiLoCo / DDP
     def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -170,15 +168,3 @@ def _halving_doubling(x: torch.Tensor, rank: int, world: int, delay, group) -> N
     if rank < extra:
         delay(_nbytes(x))
         dist.send(x, rank + p, group=group)
-
-
-def make_communicator(section: NetworkSection, **kwargs) -> Communicator:
-    """The plain :class:`Communicator`, or an :class:`EmulatedCommunicator` when the link is injected."""
-    if not section.inject:
-        return Communicator(**kwargs)
-    link = LinkModel.from_config(section)
-    p2p_group = None
-    if dist.is_initialized() and dist.get_backend() != "gloo":
-        p2p_group = dist.new_group(backend="gloo")  # the emulation sends host tensors point to point
-    log.info("rank %d: injecting a network of %s into every message", kwargs.get("rank", -1), link.describe())
-    return EmulatedCommunicator(link=link, p2p_group=p2p_group, **kwargs)

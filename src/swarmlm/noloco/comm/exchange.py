@@ -1,9 +1,8 @@
-"""Communication of the three methods, with byte and time accounting.
+"""The :class:`~swarmlm.noloco.comm.base.Communicator` of one process per replica, over torch.distributed.
 
-:class:`Communicator` is the one place where replicas talk to each other: NoLoCo's group exchange,
-DiLoCo's and DDP's all-reduce, and the (log-only) model-std measurement. A network model that
-delays or throttles messages can subclass it and wrap :meth:`Communicator.exchange` and
-:meth:`Communicator.all_reduce_mean_`, so that every method pays for the same link.
+NoLoCo's group exchange, DiLoCo's and DDP's all-reduce, and the (log-only) model-std measurement, with byte and
+time accounting. The injected network model (:mod:`swarmlm.noloco.comm.emulated`) subclasses it and delays every
+message, so that every method pays for the same link.
 
 NoLoCo's exchange is point-to-point only, with a deadline
 --------------------------------------------------------
@@ -11,13 +10,10 @@ Gloo's receive has no per-operation timeout that leaves the connection usable: a
 that expires closes the pair for good ("Application timeout caused pair closure"). So each pair of
 replicas that averages at outer step k gets a link of its own, used once:
 
-1. **Rendezvous with a deadline** through the job's key-value store (the torchrun / c10d store that
-   already exists for start-up). In the namespace ``noloco/<run>/x<k>/<a>-<b>/`` both sides
-   ``add("arrived", 1)``. The second to arrive claims the link with ``compare_set(status, "", "go")``;
-   the first waits for ``status`` until ``exchange.timeout_s`` and, if nobody came, claims it with
-   ``compare_set(status, "", "abandoned")``. ``compare_set`` is atomic, so the two sides always agree:
-   either both exchange or both skip. A stalled partner that turns up late finds ``abandoned`` and
-   skips at once instead of waiting for a peer that has moved on.
+1. **Rendezvous with a deadline** (:mod:`swarmlm.noloco.comm.rendezvous`) through the job's key-value store
+   (the torchrun / c10d store that already exists for start-up), in the namespace ``noloco/<run>/x<k>/<a>-<b>/``.
+   The first to arrive waits until ``exchange.timeout_s``. Both sides always agree whether to exchange, and a
+   stalled partner that turns up late skips at once instead of waiting for a peer that has moved on.
 2. **Transfer** over a fresh two-rank gloo process group (its own TCP connection, made with the same
    deadline), with ``dist.batch_isend_irecv``: one isend and one irecv of the flat parameter vector,
    never a collective. Each work handle is waited on with the time left; a peer that dies mid-transfer
@@ -33,60 +29,48 @@ back to the device afterwards): that keeps the per-link deadline, which NCCL lac
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
-from dataclasses import dataclass, field
+import uuid
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-log = logging.getLogger(__name__)
+from swarmlm.noloco.comm.base import Communicator, ExchangeResult, Traffic
+from swarmlm.noloco.comm.rendezvous import GO, ABANDONED, Heartbeat, rendezvous, timedelta, wait_until
 
-GO = b"go"
-ABANDONED = b"abandoned"
+log = logging.getLogger(__name__)
 
 
 class LinkSkipped(RuntimeError):
     """A partner did not arrive or did not finish within the deadline."""
 
 
-@dataclass
-class ExchangeResult:
-    received: dict[int, torch.Tensor] = field(default_factory=dict)  # partner rank -> its payload
-    skipped: dict[int, str] = field(default_factory=dict)  # partner rank -> why
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    seconds: float = 0.0
+def launch_key(rank: int, world_size: int) -> str:
+    """A key shared by all ranks of this launch (rank 0's, broadcast), so that store keys never collide with an
+    earlier run's."""
+    key = [uuid.uuid4().hex[:12] if rank == 0 else None]
+    if world_size > 1:
+        dist.broadcast_object_list(key, src=0)
+    return str(key[0])
 
 
-@dataclass
-class Traffic:
-    """Cumulative totals of one rank's communication."""
-
-    bytes_sent: int = 0
-    bytes_recv: int = 0
-    seconds: float = 0.0
-    skipped: int = 0
-
-    def count_allreduce(self, tensor: torch.Tensor, world_size: int) -> None:
-        """Bytes of an all-reduce of ``tensor``, counted as a ring moves them: 2(M−1)/M of it out and in per rank."""
-        moved = int(2 * (world_size - 1) / world_size * tensor.numel() * tensor.element_size())
-        self.bytes_sent += moved
-        self.bytes_recv += moved
-
-    def as_dict(self) -> dict:
-        return {"bytes_sent": self.bytes_sent, "bytes_recv": self.bytes_recv, "comm_s": self.seconds,
-                "skipped_total": self.skipped}
+def send_recv(pg, ranks: dict[int, int], payload: torch.Tensor, buffer: torch.Tensor, peer_index: int) -> list:
+    """Start sending ``payload`` to and receiving ``buffer`` from the other rank of the two-rank group ``pg``
+    (``ranks``: global rank -> group rank); returns the work handles."""
+    # batch_isend_irecv accepts only groups that torch.distributed knows: register this two-rank
+    # group (global rank -> group rank) for the duration of the transfer.
+    c10d._world.pg_group_ranks[pg] = ranks
+    ops = [dist.P2POp(dist.isend, payload, group=pg, group_peer=peer_index),
+           dist.P2POp(dist.irecv, buffer, group=pg, group_peer=peer_index)]
+    return dist.batch_isend_irecv(ops)
 
 
-def _timedelta(seconds: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=max(0.001, seconds))
-
-
-class Communicator:
-    """All communication of one rank (see the module docstring)."""
+class DistributedCommunicator(Communicator):
+    """All communication of one rank (see the module docstring). ``group``: the process group of the averages
+    (None: all ranks), of ``world_size`` ranks; ``store``: the job's store (None: the default group's)."""
 
     def __init__(self, *, rank: int, world_size: int, timeout_s: float, run_key: str,
                  store: dist.Store | None = None, group: dist.ProcessGroup | None = None):
@@ -97,18 +81,39 @@ class Communicator:
         self.store = store if store is not None else c10d._get_default_store()
         self.group = group
         self.traffic = Traffic()
+        self.heartbeats = Heartbeat(self.store, self.key, rank)
 
     def key(self, name: str) -> str:
         """A store key private to this launch."""
         return f"swarmlm/noloco/{self.run_key}/{name}"
 
-    # ----- liveness, for a clean end without a collective
+    def subgroup(self, group: dist.ProcessGroup | None, world_size: int) -> "DistributedCommunicator":
+        """A communicator whose averages run within ``group`` (of ``world_size`` ranks), sharing this one's store,
+        launch key, heartbeat and traffic counters (a pipeline stage's data-parallel peers)."""
+        sub = type(self).__new__(type(self))
+        sub.__dict__.update(self.__dict__)
+        sub.group, sub.world_size = group, world_size
+        return sub
+
+    # ----- start, stop and end together
+    def gather_objects(self, obj: Any) -> list[Any]:
+        if self.world_size == 1:
+            return [obj]
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, obj, group=self.group)
+        return everyone
+
+    def agree_stop(self, propose: int | None) -> int | None:
+        key = self.key("stop")
+        if propose is not None:
+            return int(self.store.compare_set(key, "", str(propose)))
+        if self.store.check([key]):
+            return int(self.store.get(key))
+        return None
+
     def heartbeat(self) -> None:
         """Tell rank 0 that this rank is still making progress (a counter in the store)."""
-        try:
-            self.store.add(self.key(f"beat/{self.rank}"), 1)
-        except (RuntimeError, dist.DistError):
-            pass
+        self.heartbeats.beat()
 
     def finish(self, grace_s: float) -> None:
         """Announce that this rank is done. Rank 0 then waits for the others, because under a plain env://
@@ -121,7 +126,7 @@ class Communicator:
             last: list[int] = []
             changed = time.monotonic()
             while int(self.store.add(self.key("done"), 0)) < self.world_size:
-                beats = [int(self.store.add(self.key(f"beat/{r}"), 0)) for r in range(self.world_size)]
+                beats = [self.heartbeats.of(r) for r in range(self.world_size)]
                 if beats != last:
                     last, changed = beats, time.monotonic()
                 elif time.monotonic() - changed > grace_s:
@@ -134,8 +139,6 @@ class Communicator:
 
     # ----- NoLoCo: point-to-point within a group
     def exchange(self, outer_step: int, group: list[int], payload: torch.Tensor) -> ExchangeResult:
-        """Send ``payload`` to every other member of ``group`` and receive theirs; partners that do not
-        answer within the deadline are skipped. ``payload`` must be the same size on every member."""
         started = time.perf_counter()
         self.heartbeat()
         result = ExchangeResult()
@@ -150,20 +153,21 @@ class Communicator:
                 result.skipped[peer] = str(err)
                 log.warning("outer step %d: rank %d skips partner %d: %s", outer_step, self.rank, peer, err)
                 continue
-            result.bytes_sent += host.numel() * host.element_size()
-            result.bytes_recv += buffer.numel() * buffer.element_size()
+            result.traffic.bytes_sent += host.numel() * host.element_size()
+            result.traffic.bytes_recv += buffer.numel() * buffer.element_size()
             result.received[peer] = buffer.to(payload.device)
-        result.seconds = time.perf_counter() - started
-        self.traffic.bytes_sent += result.bytes_sent
-        self.traffic.bytes_recv += result.bytes_recv
-        self.traffic.seconds += result.seconds
-        self.traffic.skipped += len(result.skipped)
+        result.traffic.seconds = time.perf_counter() - started
+        result.traffic.skipped = len(result.skipped)
+        self.traffic.add(result.traffic)
         return result
 
     def _link(self, outer_step: int, low: int, high: int, payload: torch.Tensor) -> torch.Tensor:
         namespace = dist.PrefixStore(self.key(f"x{outer_step}/{low}-{high}/"), self.store)
         deadline = time.monotonic() + self.timeout_s
-        status = self._rendezvous(namespace, deadline)
+        try:
+            status = rendezvous(namespace, lambda: wait_until(namespace, deadline))
+        except (RuntimeError, dist.DistError) as err:  # the store itself is unreachable
+            raise LinkSkipped(f"rendezvous store unreachable: {str(err).splitlines()[0][:200]}") from None
         if status != GO:
             raise LinkSkipped("partner did not arrive within the timeout" if status == ABANDONED
                               else f"link in unexpected state {status!r}")
@@ -174,10 +178,10 @@ class Communicator:
             # The transfer gets its own deadline, measured from the moment both sides said go.
             transfer_deadline = time.monotonic() + self.timeout_s
             pg = dist.ProcessGroupGloo(dist.PrefixStore("pg/", namespace), 0 if self.rank == low else 1, 2,
-                                       _timedelta(self.timeout_s))
-            works = self._send_recv(pg, {low: 0, high: 1}, payload, buffer, peer_index)
+                                       timedelta(self.timeout_s))
+            works = self.pair_transfer(pg, {low: 0, high: 1}, payload, buffer, peer_index)
             for work in works:
-                work.wait(_timedelta(transfer_deadline - time.monotonic()))
+                work.wait(timedelta(transfer_deadline - time.monotonic()))
         except (RuntimeError, dist.DistError) as err:
             raise LinkSkipped(f"transfer failed: {str(err).splitlines()[0][:200]}") from None
         finally:
@@ -185,29 +189,9 @@ class Communicator:
             del pg
         return buffer
 
-    def _rendezvous(self, namespace: dist.Store, deadline: float) -> bytes:
-        try:
-            order = namespace.add("arrived", 1)
-            if order == 1:
-                try:
-                    namespace.wait(["status"], _timedelta(deadline - time.monotonic()))
-                except (RuntimeError, dist.DistError):
-                    pass  # nobody came: try to close the link below (the partner may still win the race)
-                return namespace.compare_set("status", "", ABANDONED)
-            if order == 2:
-                return namespace.compare_set("status", "", GO)
-            return b"crowded"
-        except (RuntimeError, dist.DistError) as err:  # the store itself is unreachable
-            raise LinkSkipped(f"rendezvous store unreachable: {str(err).splitlines()[0][:200]}") from None
-
-    @staticmethod
-    def _send_recv(pg, ranks: dict[int, int], payload: torch.Tensor, buffer: torch.Tensor, peer_index: int):
-        # batch_isend_irecv accepts only groups that torch.distributed knows: register this two-rank
-        # group (global rank -> group rank) for the duration of the transfer.
-        c10d._world.pg_group_ranks[pg] = ranks
-        ops = [dist.P2POp(dist.isend, payload, group=pg, group_peer=peer_index),
-               dist.P2POp(dist.irecv, buffer, group=pg, group_peer=peer_index)]
-        return dist.batch_isend_irecv(ops)
+    def pair_transfer(self, pg, ranks: dict[int, int], payload: torch.Tensor, buffer: torch.Tensor, peer_index: int) -> list:
+        """The transfer of one pair link (:func:`send_recv`); the emulated link delays it."""
+        return send_recv(pg, ranks, payload, buffer, peer_index)
 
     # ----- DiLoCo and DDP: all-reduce
     def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -223,7 +207,6 @@ class Communicator:
 
     # ----- measurement only (not part of any method, not counted as traffic)
     def replica_std(self, tensor: torch.Tensor) -> float:
-        """RMS deviation of the replicas' ``tensor`` from its mean over replicas (a collective)."""
         if self.world_size == 1:
             return 0.0
         x = tensor.detach().to(torch.float32)

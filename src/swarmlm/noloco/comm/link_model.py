@@ -8,7 +8,7 @@ kernel has no ``sch_netem`` ("Specified qdisc kind is unknown"; it boots with ``
 also need root, delay the job's key-value store with the data, and leave the 2 shared cores just as noisy.
 So the link is modelled in the transport, in two ways that use the same cost functions:
 
-1. **Injected** (:class:`swarmlm.noloco.emulation.EmulatedCommunicator`, ``--network.inject true``). Every message really waits
+1. **Injected** (:class:`swarmlm.noloco.comm.emulated.EmulatedCommunicator`, ``--network.inject true``). Every message really waits
    ``latency + bytes / bandwidth`` (a sleep before its send) on top of its real loopback transfer:
    - NoLoCo's pair exchange: one message each way, at the same time (full duplex): one delay per link.
    - All-reduce: run as the chosen algorithm over point-to-point messages (ring, binomial tree, or
@@ -16,7 +16,7 @@ So the link is modelled in the transport, in two ways that use the same cost fun
      holds up everyone behind it, as on a real network.
    The all-reduce algorithms here are emulations for timing. Without injection, DiLoCo and DDP use
    torch's own all-reduce.
-2. **Modelled** (:func:`simulate_clock`): a simulated wall-clock built from each rank's measured compute
+2. **Modelled** (:func:`swarmlm.experiments.sim_clock.simulate_clock`): a simulated wall-clock built from each rank's measured compute
    time per inner step plus the modelled cost of each synchronisation, with every rank's clock held back
    by the partners it synchronises with (all ranks for all-reduce, the pair for NoLoCo). ``swarmlm noloco
    compare`` uses this: runs on a busy 2-core machine still give a meaningful axis, and a training run
@@ -40,25 +40,10 @@ halving-doubling       2·log₂P, of n/2, n/4, … then back    2·log₂P·α 
 from __future__ import annotations
 
 import math
-from typing import Literal
 
-import numpy as np
-from pydantic import Field
+from swarmlm.noloco.config import Algorithm, NetworkSection
 
-from swarmlm.config import StrictModel
-
-Algorithm = Literal["ring", "tree", "halving_doubling", "best"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "halving_doubling")
-
-
-class NetworkSection(StrictModel):
-    """A link between every two replicas: one-way latency and bandwidth per message."""
-
-    latency_ms: float = Field(0.0, ge=0, description="one-way latency of every message between replicas (ms)")
-    bandwidth_gbit: float = Field(0.0, ge=0, description="bandwidth of every link (Gbit/s); 0 = unlimited")
-    allreduce: Algorithm = Field("best", description="all-reduce algorithm whose hops the model charges (best = the cheapest for the size and M)")
-    inject: bool = Field(False, description="really delay every message in the transport (sleep before each send); "
-                                            "otherwise the link is only modelled (simulated wall-clock)")
 
 
 class LinkModel:
@@ -133,49 +118,3 @@ class LinkModel:
             p = 1 << (m.bit_length() - 1)
             return 2 * int(math.log2(p)) + (2 if m > p else 0)
         raise ValueError(f"unknown algorithm {algorithm!r}")
-
-
-# ----------------------------------------------------------------------------------------------
-# The simulated wall-clock: measured compute per step + modelled communication, with waiting
-# ----------------------------------------------------------------------------------------------
-def sync_steps(method: str, steps: int, every: int) -> list[int]:
-    """The inner steps after which ``method`` synchronises (as ``swarmlm.noloco.train`` does)."""
-    if method == "ddp":
-        return list(range(1, steps + 1))
-    return [s for s in range(1, steps + 1) if s % every == 0 or s == steps]
-
-
-def simulate_clock(method: str, compute_s: np.ndarray, *, link: LinkModel, every: int, nbytes: int,
-                   groups=None) -> np.ndarray:
-    """Simulated wall-clock of every rank after every inner step, ``[M, steps]``.
-
-    ``compute_s[r, s-1]`` is rank r's compute time for inner step s (measured). Each rank's clock advances
-    by its own compute time; at a synchronisation the ranks involved first wait for each other, then pay
-    the link's cost:
-
-    - ``ddp``: after every step, all ranks wait for the slowest, then one all-reduce of the gradients;
-    - ``diloco`` (any outer optimizer): the same, every ``every`` steps, of the pseudo-gradient;
-    - ``noloco``: every ``every`` steps, each pair link (in the global (low, high) order that the
-      exchange uses) starts when both of its ranks are there and takes one pair-exchange time.
-      ``groups(outer_step)`` returns the groups of that outer step.
-
-    ``nbytes`` is the size of one rank's message (the flat gradient, pseudo-gradient or θ).
-    """
-    compute_s = np.asarray(compute_s, dtype=float)
-    m, steps = compute_s.shape
-    clock = np.zeros(m)
-    out = np.zeros((m, steps))
-    due = set(sync_steps(method, steps, every))
-    kind = "noloco" if method == "noloco" else "allreduce"
-    for s in range(1, steps + 1):
-        clock += compute_s[:, s - 1]
-        if s in due and m > 1:
-            if kind == "allreduce":
-                clock[:] = clock.max() + link.allreduce_s(nbytes, m)
-            else:
-                outer_step = (s + every - 1) // every
-                links = sorted((min(a, b), max(a, b)) for g in groups(outer_step) for i, a in enumerate(g) for b in g[i + 1:])
-                for a, b in links:
-                    clock[a] = clock[b] = max(clock[a], clock[b]) + link.pair_exchange_s(nbytes)
-        out[:, s - 1] = clock
-    return out

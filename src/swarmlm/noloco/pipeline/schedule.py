@@ -1,18 +1,8 @@
-"""Pipeline training with NoLoCo's random routing: M replicas × S stages, one process each (SPEC B.5).
+"""One process's share of a pipelined inner step with NoLoCo's random routing (Kolehmainen et al., NoLoCo,
+arXiv 2506.10911; the routing is in :mod:`swarmlm.noloco.pipeline.routing`).
 
-Process (replica d, stage s) has global rank ``d * S + s`` (:mod:`swarmlm.noloco.routing`) and holds
-stage s of the model (:mod:`swarmlm.noloco.pipeline`). Two kinds of process groups join them:
-
-- **data-parallel peers**: the M processes of one stage (``dist.new_group``). The outer step (NoLoCo's
-  pair exchange, DiLoCo's all-reduce) and DDP's gradient all-reduce run within this group, with the
-  same :class:`~swarmlm.noloco.exchange.Communicator` as an unsplit run. Each stage averages its own
-  layers with the same-stage processes of other replicas.
-- **pipeline neighbours**: two-rank gloo links between stage s and stage s+1 processes, made on first
-  use (:mod:`swarmlm.noloco.links`). With random routing every stage-s process eventually talks to
-  every stage-(s+1) process.
-
-One inner step (:class:`PipelineEngine`)
-----------------------------------------
+One inner step (:class:`PipelineSchedule`)
+------------------------------------------
 Stage 0 of each replica draws ``grad_accum`` batches from its own shard and cuts each into
 ``pipeline.micro_batches`` micro-batches: n micro-batches in all, each a *piece* with an id
 (origin replica, index). The step has n + ``pipeline.retry_slots`` *slots*. In slot m, every stage-s
@@ -22,7 +12,7 @@ all backwards; every hop is a blocking hand-over, so no process ever holds more 
 activations, and the schedule cannot deadlock because every slot is a perfect matching and all
 processes walk the slots in the same order).
 
-A hop whose peer does not answer in time (:class:`~swarmlm.noloco.links.PipeLinks`) fails cleanly on
+A hop whose peer does not answer in time (:class:`~swarmlm.noloco.comm.links.PipeLinks`) fails cleanly on
 both sides. The sender counts the failure and keeps the activations: they are *carried* into the next
 slot and sent together with that slot's micro-batch, along that slot's route, which goes to a
 different next-stage replica (consecutive slots' permutations differ everywhere). The retry slots at
@@ -32,9 +22,7 @@ so they never wait for its gradient. A piece whose gradient cannot come back is 
 same way. The loss of every piece travels back with its gradient, so stage 0 logs the loss of its
 own data wherever it went.
 
-Gradients at each stage are the mean over the pieces whose gradient reached it (normally all n of
-them), then clipped at ``inner.clip`` per stage (a global norm would need every stage of a replica,
-and with random routing there is no fixed replica to take it over).
+Gradients at each stage are the mean over the pieces whose gradient reached it (normally all n of them).
 
 Evaluation runs the fixed validation batches along identity routes (replica d's stages in order),
 forward only, and the last stage's total is relayed back to every stage of the replica.
@@ -44,21 +32,14 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from swarmlm.devices import autocast
-from swarmlm.noloco.config import TrainConfig
-from swarmlm.noloco.exchange import Communicator
-from swarmlm.noloco.links import HopTraffic, PipeLinks
-from swarmlm.noloco.pipeline import StageModule, build_stage
-from swarmlm.noloco.routing import Routes, Routing, position, rank_of
-from swarmlm.noloco.train import Replica
+from swarmlm.noloco.comm.links import PipeLinks
+from swarmlm.noloco.pipeline.routing import Routes, Routing, rank_of
+from swarmlm.noloco.pipeline.stages import StageModule
+from swarmlm.runtime.devices import autocast
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +85,7 @@ class StepReport:
         return sum(values) / len(values) if values else math.nan
 
 
-class PipelineEngine:
+class PipelineSchedule:
     """Runs one process's share of the pipeline schedule (see the module docstring)."""
 
     def __init__(self, module: StageModule, links: PipeLinks, *, replica: int, stage: int, num_replicas: int,
@@ -317,166 +298,3 @@ class PipelineEngine:
         if not self.first:
             self.links.send(self._name("r", key, 0, up, self.rank), up, {"loss_sum": total, "tokens": tokens})
         return total, tokens
-
-
-class PipelineReplica(Replica):
-    """One process of an M × S pipeline run: :class:`Replica`'s loop (outer steps, metrics, checkpoints,
-    stopping) around a :class:`PipelineEngine`."""
-
-    def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0):
-        S = config.stages
-        if world_size % S:
-            raise ValueError(f"{world_size} processes cannot hold {S} stages per replica (world size must be M × S)")
-        network = getattr(config, "network", None)  # the network model (issue 6) is not injected into pipeline hops
-        if network is not None and network.inject:
-            raise ValueError("network.inject is not supported with --stages > 1 yet")
-        M = world_size // S
-        replica, stage = position(rank, S)
-        # Data-parallel groups, one per stage: every rank creates every group, in the same order.
-        self.stage_groups = [dist.new_group([rank_of(d, s, S) for d in range(M)]) for s in range(S)] \
-            if world_size > 1 else [None]
-        super().__init__(config, rank, world_size, local_rank)
-        assert (self.replica, self.stage, self.replicas) == (replica, stage, M)
-        self.outer_comm = Communicator(rank=rank, world_size=M, timeout_s=config.exchange.timeout_s,
-                                       run_key=self.comm.run_key, store=self.comm.store,
-                                       group=self.stage_groups[stage] if M > 1 else None)
-        self.outer_comm.traffic = self.comm.traffic  # one set of outer-step counters per process
-        p = config.pipeline
-        self.links = PipeLinks(store=self.comm.store, rank=rank, key=self.comm.key, timeout_s=p.timeout_s,
-                               max_wait_s=p.max_wait_s)
-        self.engine = PipelineEngine(self.model, self.links, replica=replica, stage=stage, num_replicas=M,
-                                     num_stages=S, seed=config.seed, num_micro_batches=config.grad_accum * p.micro_batches,
-                                     retry_slots=p.retry_slots, routing=p.routing, device=self.device, bf16=self.bf16)
-        self.store_stop = True  # every method stops by agreement in the store (DDP's all-reduce is per stage)
-        self.totals = {"failures": 0, "retried": 0, "dropped": 0, "grad_lost": 0}
-        self.last_report: StepReport | None = None
-
-    # ----- hooks of Replica
-    def _build_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        stage = build_stage(model, self.stage, self.stages, recompute=self.config.pipeline.recompute)
-        return stage
-
-    def _load_weights(self, model_dir: Path) -> None:
-        self.model.load_saved(model_dir)
-
-    # ----- the inner step
-    def inner_step(self, stop_flag: bool) -> tuple[float, float, bool]:
-        config = self.config
-        faults = config.faults
-        if faults.stall_rank == self.rank and self.step in faults.stall_steps and faults.stall_s > 0:
-            log.warning("rank %d: injected stall of %.1fs at inner step %d", self.rank, faults.stall_s, self.step)
-            time.sleep(faults.stall_s)
-        self.optimizer.zero_grad(set_to_none=True)
-        micro = None
-        if self.stage == 0:
-            k = config.pipeline.micro_batches
-            micro = []
-            for _ in range(config.grad_accum):
-                micro.extend(torch.chunk(self.data.sampler.next_batch(), k, dim=0))
-        report = self.engine.train_step(self.step, micro)
-        self.last_report = report
-        for key in self.totals:
-            self.totals[key] += getattr(report, key)
-        if self.method == "ddp" and self.replicas > 1:
-            self._all_reduce_gradients(False)
-        torch.nn.utils.clip_grad_norm_(self.params, config.inner.clip)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        if self.stage == 0:
-            self.tokens += config.grad_accum * config.batch_size * config.seq_len
-        return report.loss, lr, stop_flag
-
-    def step_record(self) -> dict[str, Any]:
-        """Pipeline figures for this step's metrics line."""
-        r = self.last_report
-        if r is None:
-            return {}
-        record = {"stage": self.stage, "replica": self.replica, "pieces_ok": r.pieces_ok, "pipe_failures": r.failures,
-                  "pipe_retried": r.retried, "pipe_dropped": r.dropped, "pipe_grad_lost": r.grad_lost,
-                  **{f"pipe_{k}_total": v for k, v in self.totals.items()}, **self.links.traffic.as_dict()}
-        if self.config.pipeline.log_routes:
-            record["sent_to"] = r.sent_to
-            record["recv_from"] = r.recv_from
-        return record
-
-    # ----- long waits that are not hops: the outer step (NoLoCo's exchange waits up to twice
-    # exchange.timeout_s for a partner; DiLoCo's all-reduce and the model-std measurement wait for the whole
-    # stage group) and checkpoints. This process is alive meanwhile, and its pipeline neighbours, who may
-    # already wait for its next hop, must keep waiting rather than give it up and run steps ahead.
-    def outer_step(self, outer_step: int) -> dict[str, Any]:
-        self.links.keep_alive(True)
-        try:
-            return super().outer_step(outer_step)
-        finally:
-            self.links.keep_alive(False)
-
-    def _inject_faults(self, outer_step: int) -> None:
-        self.links.keep_alive(False)  # an injected stall is a stall: no heartbeat
-        try:
-            super()._inject_faults(outer_step)
-        finally:
-            self.links.keep_alive(True)
-
-    def save(self) -> None:
-        self.links.keep_alive(True)
-        try:
-            super().save()
-        finally:
-            self.links.keep_alive(False)
-
-    # ----- evaluation
-    def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        try:
-            total, tokens = self.engine.evaluate(self.val if self.stage == 0 else None, len(self.val))
-        finally:
-            self.model.train()
-        val_loss = total / tokens if tokens else math.nan
-        self.last_val = {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0)) if tokens else math.nan}
-        return self.last_val
-
-    # ----- checkpoints: the pipeline's counters travel with the rest
-    def checkpoint_state(self) -> dict[str, Any]:
-        return {"stages": self.stages, "pipe_totals": dict(self.totals), "pipe_traffic": self.links.traffic.state_dict()}
-
-    def restore_state(self, state: dict[str, Any]) -> None:
-        if state.get("stages", 1) != self.stages:
-            raise RuntimeError(f"the checkpoint was written with {state.get('stages', 1)} stage(s), not {self.stages}")
-        self.totals.update(state.get("pipe_totals", {}))
-        self.links.traffic.load_state_dict(state.get("pipe_traffic", {}))
-
-
-# ----------------------------------------------------------------------------------------------
-# modelled time of a pipelined step (for ``swarmlm noloco compare``'s simulated clock)
-# ----------------------------------------------------------------------------------------------
-def model_hidden_size(spec: str) -> int:
-    """The hidden size of a model spec, without building the model."""
-    from swarmlm.models import PRESETS
-
-    if spec in PRESETS:
-        return PRESETS[spec].hidden
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(spec).hidden_size)
-
-
-def activation_bytes(config: TrainConfig) -> int:
-    """Bytes of one micro-batch's hidden states at a stage boundary (4 bytes a value: the weights, and so
-    the residual stream, are fp32), which is also the size of its gradient on the way back."""
-    rows = config.batch_size // config.pipeline.micro_batches
-    return 4 * rows * config.seq_len * model_hidden_size(config.model)
-
-
-def gpipe_step_s(step_compute_s: float, stages: int, micro_batches: int, hop_s: float) -> float:
-    """Modelled time of one pipelined inner step of a replica whose unsplit step takes ``step_compute_s``,
-    cut into ``stages`` equal stages on devices of their own, with ``micro_batches`` micro-batches and a
-    hand-over time ``hop_s`` per hop (e.g. the link's time for :func:`activation_bytes`).
-
-    GPipe order with blocking hand-overs: forward and backward each take n + S − 1 slot periods on the
-    critical path, and a period is one stage's compute for one micro-batch plus one hand-over. The
-    forward and backward computes of a micro-batch at a stage add up to step_compute_s / (S·n)."""
-    n, S = micro_batches, stages
-    if S <= 1:
-        return step_compute_s
-    return (n + S - 1) * (step_compute_s / (S * n) + 2 * hop_s)

@@ -1,5 +1,5 @@
-"""Sampling L completions per prompt: a batched decode loop on the model's KV cache (the default ``hf`` engine),
-and the :class:`GenerationEngine` interface that an optional vLLM engine also implements.
+"""The default ``hf`` generation engine: L completions per prompt from a batched decode loop on the training
+model's own KV cache.
 
 What makes the ``hf`` engine fast (each point measured with ``benchmarks/sapo_throughput.py``):
 
@@ -19,55 +19,13 @@ generation config says), so that the policy-gradient maths sees the true policy.
 
 from __future__ import annotations
 
-import inspect
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-try:
-    from transformers.cache_utils import DynamicLayer
-except ImportError:  # pragma: no cover - a transformers without per-layer caches: decode on its own cache as is
-    DynamicLayer = None
-
-if TYPE_CHECKING:
-    from swarmlm.sapo.config import GenerationSection
-
-
-@dataclass
-class Generated:
-    """Completions for one prompt: token ids (without EOS) and decoded text, L of each."""
-
-    prompt_ids: list[int]
-    completion_ids: list[list[int]]
-    texts: list[str]
-    finished: list[bool]  # whether the completion ended with EOS (not cut at max_new_tokens)
-
-
-def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_prompt_tokens: int) -> list[list[int]]:
-    """Token ids per prompt, keeping the *last* ``max_prompt_tokens`` (the question's end and the instruction)."""
-    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    return [seq[-max_prompt_tokens:] for seq in ids]
-
-
-# ----------------------------------------------------------------------------- engines
-class GenerationEngine(ABC):
-    """Generates a node's rollouts. The node calls :meth:`sync_weights` after every update of its policy."""
-
-    name: str = "?"
-
-    @abstractmethod
-    def generate(self, prompt_ids: list[list[int]], *, num_completions: int, max_new_tokens: int,
-                 temperature: float = 1.0, max_batch: int = 64, greedy: bool = False) -> list[Generated]:
-        """``num_completions`` samples per prompt, in the order of ``prompt_ids``."""
-
-    def sync_weights(self) -> None:
-        """Make generation use the policy's current weights (a no-op for engines that share them)."""
-
-    def close(self) -> None:
-        """Release what the engine holds (processes, device memory)."""
+from swarmlm.sapo.engines.base import Generated, GenerationEngine
+from swarmlm.sapo.prefill import DynamicLayer, cache_argument, prefill
 
 
 class HFEngine(GenerationEngine):
@@ -85,31 +43,7 @@ class HFEngine(GenerationEngine):
                                     greedy=greedy)
 
 
-def make_engine(section: "GenerationSection", model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> GenerationEngine:
-    """The engine ``generation.engine`` names, for this policy."""
-    if section.engine == "hf":
-        return HFEngine(model, tokenizer)
-    if section.engine == "vllm":
-        from swarmlm.sapo.vllm_engine import VLLMEngine  # raises a clear error where vLLM is absent
-
-        return VLLMEngine(model, tokenizer, gpu_memory_utilization=section.vllm_gpu_memory_utilization,
-                          max_model_len=section.max_prompt_tokens + section.max_new_tokens)
-    raise ValueError(f"unknown generation engine '{section.engine}' (hf or vllm)")
-
-
 # ----------------------------------------------------------------------------- the hf engine's decode loop
-def _forward_options(model: PreTrainedModel) -> tuple[str, bool]:
-    """The name under which this model's forward takes the KV cache (transformers renamed it in 5.x), and whether
-    it can compute the logits of the last position only."""
-    params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
-
-
-def _returned_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
-
-
 if DynamicLayer is not None:
     class _PreallocatedLayer(DynamicLayer):
         """A ``DynamicLayer`` whose keys and values live in buffers sized for the whole generation: ``update``
@@ -201,24 +135,12 @@ def _sample_chunk(model: PreTrainedModel, prompts: list[list[int]], num_completi
     """Completions for a few prompts: tokens [P·L, max_new_tokens] (rows of prompt p are p·L … p·L+L-1) and each
     row's length before EOS [P·L], or ``max_new_tokens`` where it never emitted EOS (the row is then unfinished)."""
     device = next(model.parameters()).device
-    cache_arg, last_logits_only = _forward_options(model)
-    num_prompts, width = len(prompts), max(len(p) for p in prompts)
-    input_ids = torch.full((num_prompts, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((num_prompts, width), dtype=torch.long)
-    for row, ids in enumerate(prompts):  # left padding: every prompt ends where generation starts
-        input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        attention[row, width - len(ids):] = 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    padded = bool((attention == 0).any())
+    cache_arg = cache_argument(model)
+    first = prefill(model, prompts, pad_id)  # each prompt once (left-padded: every prompt ends where generation starts)
+    cache, logits, attention, positions, width = first.cache, first.last_logits, first.attention, first.positions, first.width
+    del first
 
-    # prefill: each prompt once, logits of its last position only
-    out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device) if padded else None,
-                position_ids=positions.to(device), use_cache=True, **({"logits_to_keep": 1} if last_logits_only else {}))
-    cache = _returned_cache(out)
-    logits = out.logits[:, -1, :]
-    del out
-
-    rows = num_prompts * num_completions
+    rows = len(prompts) * num_completions
     if num_completions > 1:  # the L completions of a prompt share its prefill
         cache.batch_repeat_interleave(num_completions)
         logits = logits.repeat_interleave(num_completions, dim=0)

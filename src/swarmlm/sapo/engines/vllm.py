@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from swarmlm.sapo.generation import Generated, GenerationEngine
+from swarmlm.sapo.engines.base import Generated, GenerationEngine
 
 INSTALL_HINT = ("generation.engine = vllm needs vLLM, which is not installed here: pip install vllm (CUDA GPUs); "
                 "or use the default generation.engine = hf")

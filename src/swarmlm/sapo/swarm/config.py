@@ -5,13 +5,10 @@ round clock) and the node's place on the network."""
 from __future__ import annotations
 
 import math
-import re
-from typing import Any
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
-from swarmlm.config import StrictModel
+from swarmlm.config import StrictModel, parse_list
 from swarmlm.sapo.config import SAPOConfig, SharingSection
 
 
@@ -37,19 +34,6 @@ class SwarmSection(StrictModel):
     retry_max: float = Field(60.0, gt=0, description="longest wait between retries (the wait doubles each time)")
 
 
-def _as_list(value: Any) -> Any:
-    """Let list options be given on the command line as one address, ``a,b``, ``"a b"`` or ``[a, b]``."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.startswith("["):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError:
-            return value
-    return [part for part in re.split(r"[\s,]+", text) if part]
-
-
 def _swarm_sharing() -> SharingSection:
     # Rounds are wall-clock ticks, so a node must accept records a few rounds old and never wait long.
     return SharingSection(staleness_rounds=2, collect_timeout=10.0)
@@ -71,7 +55,7 @@ class SwarmCommon(SAPOConfig):
     sharing: SharingSection = Field(default_factory=_swarm_sharing)
     swarm: SwarmSection = Field(default_factory=SwarmSection)
 
-    _lists = field_validator("initial_peers", "host_maddrs", "announce_maddrs", mode="before")(_as_list)
+    _lists = field_validator("initial_peers", "host_maddrs", "announce_maddrs", mode="before")(parse_list)
 
     @model_validator(mode="after")
     def _staleness_in_rounds(self) -> "SwarmCommon":
@@ -105,7 +89,7 @@ class SwarmConfig(SwarmCommon):
     threads_per_node: int = Field(0, ge=0, description="torch threads per node process; 0 = CPU cores / nodes")
     startup_wait: float = Field(300.0, gt=0, description="seconds to wait for the first node to print its address")
 
-    _node_lists = field_validator("node_models", "node_group_sizes", mode="before")(_as_list)
+    _node_lists = field_validator("node_models", "node_group_sizes", mode="before")(parse_list)
 
     @field_validator("node_group_sizes")
     @classmethod

@@ -20,17 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from swarmlm.config import dump_config
-from swarmlm.interrupts import graceful_interrupt
-from swarmlm.sapo.swarm_config import SwarmConfig, SwarmNodeConfig
-from swarmlm.sapo.swarm_node import node_summary
+from swarmlm.runtime.interrupts import graceful_interrupt
+from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
+from swarmlm.sapo.summary import node_dir, write_run_summary
 
 log = logging.getLogger(__name__)
 
 _LAUNCHER_ONLY = {"nodes", "node_models", "node_group_sizes", "threads_per_node", "startup_wait"}
-
-
-def node_dir(out: str | Path, index: int) -> Path:
-    return Path(out) / f"node-{index}"
 
 
 def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
@@ -58,7 +54,9 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-class _Node:
+class _NodeProcess:
+    """One ``swarmlm sapo node`` process that the launcher started, with its directory and log."""
+
     def __init__(self, index: int, config: SwarmNodeConfig, env: dict[str, str], log_level: str):
         self.index, self.config = index, config
         self.dir = Path(config.out)
@@ -145,8 +143,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from swarmlm.sapo.node import initial_model_path
-    from swarmlm.sapo.simulate import summarize
-    from swarmlm.sapo.transports.hivemind_dht import require_hivemind
+    from swarmlm.sapo.transports.hivemind.transport import require_hivemind
 
     require_hivemind()
     out = Path(config.out)
@@ -162,7 +159,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         env.setdefault(var, str(threads))
     effective = logging.getLogger().getEffectiveLevel()  # by number: hivemind renames WARNING to "WARN"
     level = next((name for name in ("DEBUG", "INFO", "WARNING") if effective <= getattr(logging, name)), "ERROR")
-    nodes = [_Node(k, c, env, level) for k, c in enumerate(configs)]
+    nodes = [_NodeProcess(k, c, env, level) for k, c in enumerate(configs)]
     print(f"starting {config.nodes} nodes of swarm '{config.swarm.run}' in {out} (logs: {out}/node-K/node.log)", flush=True)
     interrupted = False
     try:
@@ -213,8 +210,8 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         if code not in (0, 130):
             print(f"{name} failed with exit code {code}; last lines of its log:\n{_tail(node_dir(out, int(name[5:])) / 'node.log')}",
                   file=sys.stderr)
-    summary = summarize(out, config.nodes, wall_seconds=round(time.time() - started, 1))
-    per_node = {f"node-{k}": node_summary(node_dir(out, k)) for k in range(config.nodes)}
+    summary = write_run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
+    per_node = summary["nodes"]
     round_s = sum((s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
     transport_s = sum((s["transport_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
     wait_s = sum((s["transport_wait_fraction"] or 0) * (s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from swarmlm.config import dump_config
-from swarmlm.interrupts import graceful_interrupt
-from swarmlm.metrics import read_jsonl
-from swarmlm.sapo.swarm_config import SwarmNodeConfig
+from swarmlm.runtime.interrupts import graceful_interrupt
+from swarmlm.runtime.metrics import read_jsonl
+from swarmlm.sapo.summary import node_totals
+from swarmlm.sapo.swarm.config import SwarmNodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,44 +58,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def node_summary(out: str | Path) -> dict[str, Any]:
-    """Totals of one node's ``metrics.jsonl``: rewards, records, drops by reason, transport share of round time."""
-    rows = read_jsonl(Path(out) / "metrics.jsonl")
-    round_s = sum(r.get("round_seconds") or 0.0 for r in rows)
-    transport_s = sum(r.get("transport_seconds") or 0.0 for r in rows)
-    wait_s = sum(r.get("dht_wait_seconds") or 0.0 for r in rows)
-    sources: dict[str, int] = {}
-    for r in rows:
-        for peer, n in (r.get("external_sources") or {}).items():
-            sources[peer] = sources.get(peer, 0) + n
-    evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
-    return {
-        "node_id": rows[-1].get("node") if rows else None,
-        "rounds": len(rows),
-        "cumulative_reward_own": sum(r["reward_own"] for r in rows),
-        "final_eval_pass1": evals[-1] if evals else None,
-        "records_received": sum(r.get("records_received", 0) for r in rows),
-        "records_accepted": sum(r.get("records_accepted", 0) for r in rows),
-        "records_dropped": sum(r.get("records_dropped", 0) for r in rows),
-        "drops": rows[-1].get("drops", {}) if rows else {},
-        "external_used": sum(r.get("external_used", 0) for r in rows),
-        "external_sources": sources,
-        "peers_seen": max((r.get("peers_seen", 0) for r in rows), default=0),
-        "round_seconds_mean": round_s / len(rows) if rows else None,
-        "transport_seconds_mean": transport_s / len(rows) if rows else None,
-        "transport_fraction": transport_s / round_s if round_s > 0 else None,
-        # of which: waiting for peers that had not published yet, and the DHT's own work (publish, reads)
-        "transport_wait_fraction": wait_s / round_s if round_s > 0 else None,
-        "transport_io_fraction": (transport_s - wait_s) / round_s if round_s > 0 else None,
-    }
-
-
-def run_node(config: SwarmNodeConfig) -> dict[str, Any]:
+def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
     """Run one node to ``config.rounds`` steps (resuming what ``config.out`` holds); returns its summary."""
     from tqdm.auto import tqdm
 
     from swarmlm.sapo.node import SAPONode, initial_model_path
-    from swarmlm.sapo.transports.hivemind_dht import HivemindTransport, RoundClock, load_identity
+    from swarmlm.sapo.transports.hivemind.transport import HivemindTransport, RoundClock, load_identity
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,12 +118,13 @@ def run_node(config: SwarmNodeConfig) -> dict[str, Any]:
             node.close()
     finally:
         transport.close()
-    summary = node_summary(out) | {"completed": completed, "wall_seconds": round(time.time() - started, 1)}
+    summary = node_totals(read_jsonl(out / "metrics.jsonl")) | {"completed": completed, "wall_seconds": round(time.time() - started, 1)}
     _write_json(out / "summary.json", summary)
     return summary
 
 
-def node_command_result(summary: dict[str, Any], out: str) -> int:
+def print_volunteer_summary(summary: dict[str, Any], out: str) -> int:
+    """Print the node's totals and where its files are; the command's exit code (130: stopped early)."""
     keep = ("node_id", "rounds", "cumulative_reward_own", "final_eval_pass1", "records_accepted", "records_dropped",
             "drops", "peers_seen", "transport_fraction", "transport_wait_fraction", "transport_io_fraction", "completed",
             "wall_seconds")

@@ -1,0 +1,64 @@
+"""Totals of SAPO runs, read back from the nodes' ``metrics.jsonl`` files: per node (:func:`node_totals`) and
+per run of several nodes on one machine (:func:`write_run_summary`, the run's ``summary.json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from swarmlm.runtime.metrics import read_jsonl
+
+
+def node_dir(out: str | Path, index: int) -> Path:
+    """Where node ``index`` of a run on one machine writes (``sapo simulate`` and ``sapo swarm``)."""
+    return Path(out) / f"node-{index}"
+
+
+def node_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One node's totals from its per-round metrics: rewards, held-out pass@1, records received, accepted and
+    dropped (by reason), external groups used, peers, and the transport's share of the round time."""
+    round_s = sum(r.get("round_seconds") or 0.0 for r in rows)
+    transport_s = sum(r.get("transport_seconds") or 0.0 for r in rows)
+    wait_s = sum(r.get("dht_wait_seconds") or 0.0 for r in rows)
+    sources: dict[str, int] = {}
+    for r in rows:
+        for peer, n in (r.get("external_sources") or {}).items():
+            sources[peer] = sources.get(peer, 0) + n
+    evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
+    cumulative = sum(r["reward_own"] for r in rows)
+    return {
+        "node_id": rows[-1].get("node") if rows else None,
+        "rounds": len(rows),
+        "cumulative_reward_own": cumulative,
+        "mean_reward_own": cumulative / len(rows) if rows else None,
+        "first_eval_pass1": evals[0] if evals else None,
+        "final_eval_pass1": evals[-1] if evals else None,
+        "records_received": sum(r.get("records_received", 0) for r in rows),
+        "records_accepted": sum(r.get("records_accepted", 0) for r in rows),
+        "records_dropped": sum(r.get("records_dropped", 0) for r in rows),
+        "drops": rows[-1].get("drops", {}) if rows else {},
+        "external_used": sum(r.get("external_used", 0) for r in rows),
+        "external_sources": sources,
+        "peers_seen": max((r.get("peers_seen", 0) for r in rows), default=0),
+        "round_seconds_mean": round_s / len(rows) if rows else None,
+        "transport_seconds_mean": transport_s / len(rows) if rows else None,
+        "transport_fraction": transport_s / round_s if round_s > 0 else None,
+        # of which: waiting for peers that had not published yet, and the DHT's own work (publish, reads)
+        "transport_wait_fraction": wait_s / round_s if round_s > 0 else None,
+        "transport_io_fraction": (transport_s - wait_s) / round_s if round_s > 0 else None,
+    }
+
+
+def write_run_summary(out: str | Path, num_nodes: int, wall_seconds: float | None = None) -> dict[str, Any]:
+    """Every node's totals, the swarm's cumulative own reward and mean final pass@1; written to ``summary.json``."""
+    nodes = {f"node-{k}": node_totals(read_jsonl(node_dir(out, k) / "metrics.jsonl")) for k in range(num_nodes)}
+    finals = [n["final_eval_pass1"] for n in nodes.values() if n["final_eval_pass1"] is not None]
+    summary = {
+        "nodes": nodes,
+        "total_cumulative_reward_own": sum(n["cumulative_reward_own"] for n in nodes.values()),
+        "mean_final_eval_pass1": sum(finals) / len(finals) if finals else None,
+        "wall_seconds": wall_seconds,
+    }
+    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,106 @@
+"""hivemind's DHT process, as a node runs it: it dies with its node, it takes commands of any size, and the
+coroutines the node runs inside it (``DHT.run_coroutine``) to read its state or rejoin the swarm."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from swarmlm.sapo.transports.hivemind.validators import take_refusals
+
+_DHT_CLASS: list[type] = []
+
+
+def _kill_children_and_exit() -> None:
+    """The node process is gone: take this process's children (the p2p daemon) down, then exit."""
+    me = os.getpid()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == me:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+    os._exit(0)
+
+
+class _BlockingReceiver:
+    """The DHT process's end of hivemind's command pipe, received from in blocking mode.
+
+    hivemind 1.1.12 watches that pipe with uvloop, which makes the descriptor non-blocking; a command
+    larger than the pipe's buffer (a ``store`` of a message over ~64 KB) then fails half-read with
+    EAGAIN and the DHT process drops it (and every command after it). ``recv`` is only called once the
+    pipe is readable, so a blocking read just waits for the rest of the message being written.
+    """
+
+    def __init__(self, connection):
+        self._connection = connection
+
+    def recv(self):
+        fd = self._connection.fileno()
+        was_blocking = os.get_blocking(fd)
+        os.set_blocking(fd, True)
+        try:
+            return self._connection.recv()
+        finally:
+            os.set_blocking(fd, was_blocking)
+
+    def __getattr__(self, name: str):
+        return getattr(self._connection, name)
+
+
+def dht_class():
+    """hivemind's DHT process, which also exits (with its p2p daemon) when the node process dies, and
+    which can receive commands of any size (see :class:`_BlockingReceiver`).
+
+    hivemind runs the DHT in a daemonic child process, but a SIGKILLed parent never reaps it: the
+    orphan would keep the node's peer id alive, and the restarted node would find its identity taken.
+    """
+    if _DHT_CLASS:
+        return _DHT_CLASS[0]
+    from hivemind import DHT
+
+    class _OwnedDHT(DHT):
+        def run(self) -> None:
+            self._inner_pipe = _BlockingReceiver(self._inner_pipe)
+            parent = os.getppid()
+
+            def watch() -> None:
+                while True:
+                    time.sleep(1.0)
+                    if os.getppid() != parent:
+                        _kill_children_and_exit()
+
+            threading.Thread(target=watch, daemon=True, name="swarmlm-parent-watch").start()
+            super().run()
+
+    _DHT_CLASS.append(_OwnedDHT)
+    return _OwnedDHT
+
+
+async def read_dht_state(_dht, dht_node, token: str) -> tuple[dict[str, int], int]:
+    """The validators' refusals since the last call, and the size of the routing table."""
+    return take_refusals(token), len(dht_node.protocol.routing_table.uid_to_peer_id)
+
+
+async def routing_table_size(_dht, dht_node) -> int:
+    """How many other peers this DHT peer knows."""
+    return len(dht_node.protocol.routing_table.uid_to_peer_id)
+
+
+async def rejoin(_dht, dht_node, peer_ids: list[str]) -> int:
+    """For a peer that lost every neighbour: ping the initial peers again (libp2p
+    still knows their addresses) and, if one answers, look up this peer's neighbourhood anew."""
+    import asyncio
+
+    from hivemind.p2p import PeerID
+
+    answers = await asyncio.gather(*(dht_node.protocol.call_ping(PeerID.from_base58(p)) for p in peer_ids),
+                                   return_exceptions=True)
+    answered = sum(1 for a in answers if a is not None and not isinstance(a, BaseException))
+    if answered:
+        await dht_node.find_nearest_nodes([dht_node.node_id])
+    return answered

@@ -1,0 +1,139 @@
+"""The policy update of one SAPO round: GRPO's clipped objective over the round's own and external groups.
+
+SAPO trains each node with GRPO (Shao et al., DeepSeekMath, arXiv 2402.03300), its loss aggregated as a token mean
+with asymmetric clipping as in DAPO (arXiv 2503.14476); the maths is in :mod:`swarmlm.sapo.grpo`. This module
+runs it: ``ppo_epochs`` passes over the samples, each cut into ``num_minibatches`` optimizer steps, each step
+accumulated over micro-batches of ``micro_batch_size`` sequences.
+
+* **Old log-probs.** With one pass of one step the policy that sampled is the one being trained, so the
+  probability ratio is 1 and nothing needs computing beforehand. Otherwise the old log-probs are those of the
+  policy before the first step: the first minibatch's come from its own forward pass, and only the others need a
+  separate pass.
+* **External completions** were sampled by other nodes' policies. With ``external_weight: truncated`` each
+  external completion is weighted by ``min(1, exp(mean logp_ext − mean logp_own))`` under this node's policy
+  before the update, so that text this policy finds much less likely than its own counts less (the weights need
+  every old log-prob first).
+* **Reference model.** With ``beta`` > 0 the loss adds β·KL to a frozen copy of the initial policy.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+from transformers import PreTrainedModel
+
+from swarmlm.sapo.batching import TrainSample, micro_batch_order, sample_logprobs
+from swarmlm.sapo.config import GRPOSection
+from swarmlm.sapo.grpo import grpo_loss
+
+
+def truncated_external_weights(samples: list[TrainSample], old: list[torch.Tensor]) -> None:
+    """Set each external sample's ``weight`` to ``min(1, exp(mean logp(ext) - mean logp(own)))`` (in place)."""
+    own = [lp.mean() for s, lp in zip(samples, old) if not s.external and lp.numel()]
+    if not own:
+        return
+    reference = torch.stack(own).mean()
+    for s, lp in zip(samples, old):
+        if s.external and lp.numel():
+            s.weight = float(torch.clamp(torch.exp(lp.mean() - reference), max=1.0))
+
+
+class GRPOUpdate:
+    """The update of one node's policy (see the module docstring). ``ref_model`` is needed where ``beta`` > 0."""
+
+    def __init__(self, model: PreTrainedModel, optimizer: torch.optim.Optimizer, section: GRPOSection, pad_id: int,
+                 ref_model: PreTrainedModel | None = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.section = section
+        self.pad_id = pad_id
+        self.ref_model = ref_model
+
+    @torch.no_grad()
+    def logprobs(self, model: PreTrainedModel, samples: list[TrainSample]) -> list[torch.Tensor]:
+        """Per-sample completion-token log-probs under ``model`` (1-D, aligned with each sample's completion)."""
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        mb = self.section.micro_batch_size
+        order = micro_batch_order(samples, list(range(len(samples))))  # little padding, shared prompts run once
+        for start in range(0, len(order), mb):
+            idx = order[start:start + mb]
+            logp, mask = sample_logprobs(model, [samples[i] for i in idx], self.pad_id)
+            values = logp[mask].float().split(mask.sum(dim=1).tolist())
+            for i, v in zip(idx, values):
+                out[i] = v
+        return out
+
+    def update(self, samples: list[TrainSample], rng: random.Random) -> dict[str, float]:
+        """``ppo_epochs`` × ``num_minibatches`` optimizer steps on ``samples``, in an order drawn from ``rng``;
+        returns the loss, the clipped fraction, the gradient norm (and the KL where ``beta`` > 0)."""
+        cfg = self.section
+        if not samples:
+            return {"loss": None}
+        needs_old = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1 or cfg.external_weight == "truncated"
+        order = list(range(len(samples)))
+        rng.shuffle(order)  # the first pass's order
+        per_mb = math.ceil(len(order) / cfg.num_minibatches)
+        old: list[torch.Tensor | None] | None = None
+        if cfg.external_weight == "truncated":  # the weights need every old log-prob before the first loss
+            old = self.logprobs(self.model, samples)
+            truncated_external_weights(samples, old)
+        elif needs_old:
+            # The first minibatch of the first pass runs on the unchanged policy: its forward pass gives its old
+            # log-probs (kept below). Only the samples after it need a separate pass before the first step.
+            old = [None] * len(samples)
+            rest = order[per_mb:]
+            for i, lp in zip(rest, self.logprobs(self.model, [samples[i] for i in rest]) if rest else []):
+                old[i] = lp
+        ref = self.logprobs(self.ref_model, samples) if self.ref_model is not None else None
+        losses, clip_fracs, kls, grad_norms = [], [], [], []
+        for epoch in range(cfg.ppo_epochs):
+            if epoch > 0:
+                rng.shuffle(order)
+            for mb_start in range(0, len(order), per_mb):
+                mb = order[mb_start:mb_start + per_mb]
+                n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
+                self.optimizer.zero_grad(set_to_none=True)
+                mb_loss = 0.0
+                # sorted so that micro-batches waste little padding and a group's shared prompt runs once
+                mb_sorted = micro_batch_order(samples, mb)
+                for mi in range(0, len(mb_sorted), cfg.micro_batch_size):
+                    idx = mb_sorted[mi:mi + cfg.micro_batch_size]
+                    chunk = [samples[i] for i in idx]
+                    logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
+                    if old is None:  # one pass, one step: the old policy is the current one (ρ ≡ 1)
+                        old_lp = logp.detach()
+                    else:
+                        if any(old[i] is None for i in idx):  # first minibatch of the first pass (see above)
+                            current = logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
+                            for i, lp in zip(idx, current):
+                                if old[i] is None:
+                                    old[i] = lp
+                        old_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([old[i] for i in idx]).to(logp))
+                    ref_lp = None
+                    if ref is not None:
+                        ref_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([ref[i] for i in idx]).to(logp))
+                    adv = torch.tensor([s.advantage for s in chunk], device=logp.device)
+                    w = torch.tensor([s.weight for s in chunk], device=logp.device)
+                    loss, stats = grpo_loss(logp, old_lp, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+                                            beta=cfg.beta, ref_logp=ref_lp, weights=w, num_tokens=n_tokens)
+                    loss.backward()
+                    mb_loss += loss.item()
+                    tokens = float(mask.sum())  # per-token statistics, weighted by each micro-batch's tokens
+                    clip_fracs.append((stats["clip_frac"].item(), tokens))
+                    if "kl" in stats:
+                        kls.append((stats["kl"].item(), tokens))
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+                self.optimizer.step()
+                losses.append(mb_loss)
+
+        def token_mean(pairs: list[tuple[float, float]]) -> float:
+            return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
+
+        out = {"loss": sum(losses) / len(losses), "clip_frac": token_mean(clip_fracs),
+               "grad_norm": sum(grad_norms) / len(grad_norms)}
+        if kls:
+            out["kl"] = token_mean(kls)
+        return out
+
