@@ -166,7 +166,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
             dest=f"cfg::{dotted}",
             metavar="VALUE",
             default=argparse.SUPPRESS,
-            help=help_text,
+            help=help_text.replace("%", "%%"),  # argparse %-formats help strings
         )
 
 

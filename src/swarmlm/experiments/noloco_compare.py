@@ -2,12 +2,12 @@
 against step and against a simulated wall-clock.
 
 Every method runs with the same model, data, seed, token budget (steps × batch × sequence per replica)
-and inner hyperparameters; each method's outer hyperparameters are the SPEC's:
+and inner hyperparameters; each method's outer hyperparameters are those of its paper or reference code:
 
 - ``ddp``: all-reduce of the gradients every step;
 - ``diloco``: the DiLoCo paper's outer optimizer, Nesterov SGD, lr 0.7, momentum 0.9;
 - ``diloco-hb``: the NoLoCo reference's DiLoCo baseline, heavy-ball SGD, lr 0.7, momentum 0.3;
-- ``noloco``: α = 0.5, β = γ = 0.7, heavy-ball, random pairs (SPEC B.2).
+- ``noloco``: α = 0.5, β = γ = 0.7, heavy-ball, random pairs (NoLoCo, arXiv 2506.10911).
 
 Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of them. ``diloco-matched``
 (opt-in) is a control rather than a baseline: DiLoCo with NoLoCo's own outer step (heavy-ball, lr 0.7,
@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 
 Variant = Literal["ddp", "diloco", "diloco-hb", "noloco", "noloco-pp2", "diloco-matched"]
 
-# Each method's outer hyperparameters, from the SPEC (B.2, B.4); never tuned here.
+# Each method's outer hyperparameters, from its paper (DiLoCo arXiv 2311.08105, NoLoCo arXiv 2506.10911) or the NoLoCo
+# reference code's DiLoCo baseline; never tuned here.
 VARIANTS: dict[str, dict[str, Any]] = {
     "ddp": {"method": "ddp"},
     "diloco": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.9, "nesterov": True}},
@@ -92,15 +93,15 @@ class CompareConfig(StrictModel):
     seeds: list[int] = Field([0], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
     model: str = Field("tiny-llama", description="model preset, directory or hub id (the same for every method)")
     steps: int = Field(300, ge=1, description="inner steps per replica (the same token budget for every method)")
-    seq_len: int = Field(128, ge=8)
-    batch_size: int = Field(8, ge=1)
-    grad_accum: int = Field(1, ge=1)
+    seq_len: int = Field(128, ge=8, description="tokens per training sequence")
+    batch_size: int = Field(8, ge=1, description="sequences per micro-batch per replica")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per inner step")
     eval_every: int = Field(30, ge=0, description="validation every K steps (the perplexity curves' resolution)")
-    eval_batches: int = Field(16, ge=1)
-    checkpoint_every: int = Field(100, ge=0)
+    eval_batches: int = Field(16, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
+    checkpoint_every: int = Field(100, ge=0, description="checkpoint every C steps, so that an interrupted run resumes")
     inner: InnerSection = Field(default_factory=InnerSection)
     outer: OuterSection = Field(default_factory=OuterSection)
-    noloco: NoLoCoSection = Field(default_factory=NoLoCoSection, description="NoLoCo's outer step (defaults: the SPEC's)")
+    noloco: NoLoCoSection = Field(default_factory=NoLoCoSection, description="NoLoCo's outer step (defaults: the NoLoCo paper's)")
     data: DataSection = Field(default_factory=DataSection)
     exchange: ExchangeSection = Field(default_factory=ExchangeSection)
     network: CompareNetworkSection = Field(default_factory=CompareNetworkSection, description="the link of the simulated wall-clock")

@@ -1,4 +1,5 @@
-"""``swarmlm sapo experiment``: the SAPO paper's sharing experiment (SPEC A.5) at a chosen scale.
+"""``swarmlm sapo experiment``: the SAPO paper's controlled sharing experiment (arXiv 2509.08721)
+at a chosen scale.
 
 Every configuration I/J runs with the same nodes, seeds, task mix and number of rounds; only the split
 of each node's 8 training groups between its own (I) and other nodes' (J) changes. Each
@@ -28,7 +29,8 @@ from swarmlm.sapo.summary import node_dir
 
 log = logging.getLogger(__name__)
 
-# SPEC A.5: cumulative reward over 8 nodes x 2000 rounds, Qwen2.5-0.5B, L = 8.
+# The SAPO paper's controlled experiment (arXiv 2509.08721): cumulative reward over 8 nodes x 2000 rounds,
+# Qwen2.5-0.5B, L = 8.
 PAPER_RESULTS = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 
 
@@ -57,7 +59,8 @@ class ExperimentConfig(SAPOSettings):
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="repeats of every configuration")
     nodes: int = Field(4, ge=2, description="nodes per run")
     rounds: int = Field(100, ge=1, description="rounds of every run (the default scale ends in about an hour on 2 CPU cores)")
-    transport: Literal["in_process", "torch"] = Field("in_process")
+    transport: Literal["in_process", "torch"] = Field(
+        "in_process", description="in_process = a run's nodes in this process; torch = one process per node over torch.distributed")
     smoothing: int = Field(10, ge=1, description="moving-average window (rounds) of the reward plot")
     out: str = Field("runs/sapo-experiment", description="output directory")
 

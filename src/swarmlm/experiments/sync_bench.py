@@ -353,7 +353,8 @@ def build_report(config: SyncBenchConfig, records: list[dict[str, Any]], load: d
 
 
 def targets(rows: list[dict[str, Any]], config: SyncBenchConfig) -> dict[str, Any]:
-    """The issue's targets, evaluated on the measurements (the verdicts are computed, not written)."""
+    """The claims to check (the pair's time flat in M, the all-reduce's growing; only a straggler's partner waits),
+evaluated on the measurements (the verdicts are computed, not written)."""
     ms = sorted({r["M"] for r in rows})
     out: dict[str, Any] = {}
     lo, hi = ms[0], ms[-1]

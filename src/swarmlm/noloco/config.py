@@ -24,9 +24,9 @@ class InnerSection(StrictModel):
     optimizer: Literal["adamw", "adam"] = Field("adamw", description="inner optimizer")
     lr: float = Field(3e-3, gt=0, description="peak learning rate")
     weight_decay: float = Field(0.1, ge=0, description="decoupled weight decay (adamw only)")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1, description="Adam's decay rate of the gradient's running mean")
+    beta2: float = Field(0.95, ge=0, lt=1, description="Adam's decay rate of the squared gradient's running mean")
+    eps: float = Field(1e-8, gt=0, description="Adam's epsilon (added to the denominator)")
     warmup_steps: int = Field(30, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio * lr")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate as a fraction of the peak")
     clip: float = Field(1.0, gt=0, description="gradient clipping norm")
@@ -35,11 +35,11 @@ class InnerSection(StrictModel):
 class OuterSection(StrictModel):
     """When outer steps happen (NoLoCo and DiLoCo)."""
 
-    every: int = Field(20, ge=1, description="H: inner steps between outer steps (SPEC default 50; 20 at the tiny scale)")
+    every: int = Field(20, ge=1, description="H: inner steps between outer steps (the NoLoCo reference uses 50; 20 suits this tiny scale)")
 
 
 class NoLoCoSection(StrictModel):
-    """NoLoCo's outer step (SPEC B.2) and group choice (SPEC B.3)."""
+    """NoLoCo's outer step and the choice of its averaging groups (NoLoCo, arXiv 2506.10911)."""
 
     alpha: float = Field(0.5, ge=0, lt=1, description="outer momentum")
     beta: float = Field(0.7, description="outer lr on the group's mean pseudo-gradient")
@@ -95,13 +95,13 @@ class FaultSection(StrictModel):
     stall_outer_steps: list[int] = Field(default_factory=list, description="outer step numbers (1 = the first) at which stall_rank stalls")
     stall_s: float = Field(0.0, ge=0, description="seconds of each stall")
     exit_rank: int | None = Field(None, ge=0, description="this rank exits abruptly (status 17) at outer step exit_outer_step")
-    exit_outer_step: int | None = Field(None, ge=1)
+    exit_outer_step: int | None = Field(None, ge=1, description="the outer step (1 = the first) at which exit_rank exits")
     stall_steps: list[int] = Field(
         default_factory=list, description="pipeline runs (--stages > 1): inner steps at whose start stall_rank stalls stall_s")
 
 
 class PipelineSection(StrictModel):
-    """Pipeline stages with NoLoCo's random routing (SPEC B.5); used when ``stages`` > 1."""
+    """Pipeline stages with NoLoCo's random routing (NoLoCo, arXiv 2506.10911); used when ``stages`` > 1."""
 
     micro_batches: int = Field(2, ge=1, description="micro-batches per batch (batch_size must be divisible by it)")
     routing: Literal["random", "identity"] = Field(

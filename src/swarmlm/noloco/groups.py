@@ -1,4 +1,4 @@
-"""Which replicas average together at an outer step (SPEC B.3).
+"""Which replicas average together at an outer step: NoLoCo's random groups (arXiv 2506.10911).
 
 Every replica derives the same random permutation of 0..M-1 from the shared seed and the outer
 step number, so no communication is needed to agree on the groups. The permutation is cut into

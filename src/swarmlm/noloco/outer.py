@@ -1,6 +1,7 @@
 """The outer steps, as pure tensor maths on flat fp32 vectors (no communication here).
 
-NoLoCo (SPEC B.2), for replica i in group G, with slow weights φ, fast weights θ and momentum Δ:
+NoLoCo's outer step (No-all-reduce Low Communication, arXiv 2506.10911), for replica i in group G, with slow
+weights φ, fast weights θ and momentum Δ:
 
     u  = −β·mean_{j∈G}(φ_j − θ_j) − γ·(φ_i − mean_{j∈G} φ_j)
     Δ ← α·Δ + u
@@ -10,7 +11,8 @@ NoLoCo (SPEC B.2), for replica i in group G, with slow weights φ, fast weights 
 
 When β = γ the update term collapses to u = β·(mean_{j∈G} θ_j − φ_i), so only θ has to travel.
 
-DiLoCo (SPEC B.4) is SGD with momentum on φ, fed the all-reduced pseudo-gradient mean(φ − θ):
+DiLoCo's (Douillard et al., arXiv 2311.08105) is SGD with momentum on φ, fed the all-reduced pseudo-gradient
+mean(φ − θ):
 :class:`DiLoCoOuter` wraps ``torch.optim.SGD`` so that it is the same optimizer the DiLoCo paper uses.
 With G = all replicas and γ = 0, NoLoCo's step is DiLoCo's heavy-ball step with α = momentum and
 β = lr (Δ = −lr·buf); the tests check this numerically.

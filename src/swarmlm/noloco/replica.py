@@ -1,6 +1,6 @@
 """One replica's training loop: inner Adam(W) steps, and NoLoCo's or DiLoCo's outer step every H.
 
-NoLoCo (Kolehmainen et al., arXiv 2506.10911) and DiLoCo (Douillard et al., arXiv 2311.08105) both train each
+NoLoCo (arXiv 2506.10911) and DiLoCo (Douillard et al., arXiv 2311.08105) both train each
 replica with its own inner optimizer and take an *outer* step every H inner steps; data parallel (DDP) is the
 baseline that averages gradients every step. One :class:`Replica` is one process of a run, started by
 :func:`swarmlm.noloco.launch.worker_main`. Every rank builds the same initial model from the shared seed, trains

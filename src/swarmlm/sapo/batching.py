@@ -32,7 +32,7 @@ class TrainSample:
 
 
 def with_eos(completion_ids: list[int], eos_id: int, max_tokens: int) -> list[int]:
-    """The completion cut to ``max_tokens`` and terminated by exactly one EOS (SPEC A.3).
+    """The completion cut to ``max_tokens`` and terminated by exactly one EOS, so that the policy learns to stop.
 
     A completion that already holds an EOS (a peer's text containing the EOS string re-tokenizes to it)
     ends there, as generation would have.

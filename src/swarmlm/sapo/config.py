@@ -25,8 +25,8 @@ class ModelSection(NamedSection):
 class GenerationSection(StrictModel):
     group_size: int = Field(8, ge=2, description="completions per question (L)")
     max_new_tokens: int = Field(32, ge=1, description="longest completion, in tokens")
-    temperature: float = Field(1.0, gt=0)
-    max_prompt_tokens: int = Field(512, ge=8)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (plain sampling: no top-k or top-p)")
+    max_prompt_tokens: int = Field(512, ge=8, description="longest prompt, in tokens (longer ones keep their end)")
     max_batch: int = Field(64, ge=1, description="most sequences generated at once")
     prompt_style: Literal["auto", "plain", "chat"] = Field("auto", description="chat = the tokenizer's chat template")
     engine: Literal["hf", "vllm"] = Field(
@@ -39,14 +39,20 @@ ExternalWeight = Literal["none", "truncated"]  # how external completions are we
 
 
 class GRPOSection(StrictModel):
+    """The policy update: GRPO (DeepSeekMath, arXiv 2402.03300) with DAPO's clip-higher and token-level loss
+    (arXiv 2503.14476); see :mod:`swarmlm.sapo.grpo`."""
+
     lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 5e-5 for presets, 1e-6 otherwise")
-    eps_low: float = Field(0.2, ge=0, lt=1)
-    eps_high: float = Field(0.28, ge=0)
+    eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range of the probability ratio: it is clipped "
+                           "below at 1 - eps_low")
+    eps_high: float = Field(0.28, ge=0, description="upper clip range of the probability ratio: it is clipped above "
+                            "at 1 + eps_high (DAPO's clip-higher, arXiv 2503.14476, 0.28)")
     beta: float = Field(0.0, ge=0, description="KL weight; > 0 creates a frozen reference model")
     ppo_epochs: int = Field(1, ge=1, description="passes over the round's samples")
     num_minibatches: int = Field(1, ge=1, description="optimizer steps per pass")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (memory only)")
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="clip the gradient's global norm to this before each "
+                                 "optimizer step")
     format_reward: float = Field(0.0, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span (0 = off, as in the paper); never part of reward_own")
     external_weight: ExternalWeight = Field(

@@ -1,5 +1,13 @@
 """GRPO as SAPO uses it: group-normalised advantages and the clipped, token-mean policy loss.
 
+GRPO (Group Relative Policy Optimization) is from DeepSeekMath (Shao et al., arXiv 2402.03300): each completion's
+advantage is its reward normalised within its group of L completions to the same question, and the policy loss is
+PPO's clipped surrogate with that advantage. Two choices follow DAPO (arXiv 2503.14476): an upper clip bound wider
+than the lower ("clip-higher", ε_low = 0.2, ε_high = 0.28) and a token-level loss (the sum over every completion
+token of the batch divided by their number, rather than a mean per sequence first). The KL penalty to a reference
+model is GRPO's, with the k3 estimator. (Dr. GRPO, arXiv 2503.20783, drops the division by the group's std; this
+keeps GRPO's.)
+
 All functions are pure tensor maths, checked against TRL's implementation in the tests.
 """
 

@@ -30,14 +30,14 @@ class RecordLimits(StrictModel):
 
     max_message_bytes: int = Field(2_000_000, ge=1024, description="largest accepted message (all records of a round)")
     max_records_per_message: int = Field(64, ge=1, description="most records one peer may send per round")
-    max_question_chars: int = Field(8192, ge=16)
-    max_answer_chars: int = Field(2048, ge=1)
+    max_question_chars: int = Field(8192, ge=16, description="longest accepted question")
+    max_answer_chars: int = Field(2048, ge=1, description="longest accepted reference answer")
     max_completion_chars: int = Field(8192, ge=1, description="longest accepted completion")
     max_metadata_bytes: int = Field(32_768, ge=2, description="largest accepted task metadata, as JSON")
     min_group_size: int = Field(2, ge=1, description="fewest completions per record (a group of one has no advantage)")
     max_group_size: int = Field(64, ge=1, description="most completions per record")
     group_sizes: list[int] = Field(default_factory=list, description="if set, the only accepted group sizes L")
-    max_id_chars: int = Field(128, ge=1)
+    max_id_chars: int = Field(128, ge=1, description="longest accepted node id, task family or model name")
 
 
 @dataclass

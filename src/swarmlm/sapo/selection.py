@@ -1,4 +1,6 @@
-"""Choosing the J external groups a node trains on (SPEC A.2 step 5)."""
+"""Choosing the J external groups a node trains on in a SAPO round (Swarm sAmpling Policy Optimization,
+arXiv 2509.08721). A group whose rewards are all equal has zero GRPO advantage everywhere and teaches nothing,
+so such groups are dropped before the J are picked."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The policy update of one SAPO round: GRPO's clipped objective over the round's own and external groups.
 
-SAPO trains each node with GRPO (Shao et al., DeepSeekMath, arXiv 2402.03300), its loss aggregated as a token mean
-with asymmetric clipping as in DAPO (arXiv 2503.14476); the maths is in :mod:`swarmlm.sapo.grpo`. This module
+SAPO trains each node with GRPO (DeepSeekMath, arXiv 2402.03300), its loss aggregated as a token mean with
+asymmetric clipping as in DAPO (arXiv 2503.14476); the maths is in :mod:`swarmlm.sapo.grpo`. This module
 runs it: ``ppo_epochs`` passes over the samples, each cut into ``num_minibatches`` optimizer steps, each step
 accumulated over micro-batches of ``micro_batch_size`` sequences.
 

@@ -34,9 +34,9 @@ class WarmstartConfig(StrictModel):
     model: str = Field("tiny-qwen2", description="built-in preset to warm-start")
     tasks: TaskConfig = Field(default_factory=TaskConfig)
     steps: int = Field(300, ge=0, description="optimizer steps")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    seed: int = Field(0, ge=0)
+    batch_size: int = Field(32, ge=1, description="questions (with their answers) per optimizer step")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear warm-up over the first tenth of the steps, then constant)")
+    seed: int = Field(0, ge=0, description="seed of the preset's initial weights and of the question stream")
     out: str | None = Field(None, description="output directory (default: the cache)")
 
 

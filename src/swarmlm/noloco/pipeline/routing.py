@@ -1,4 +1,4 @@
-"""Where each micro-batch goes next: NoLoCo's random pipeline routing (SPEC B.5).
+"""Where each micro-batch goes next: NoLoCo's random pipeline routing (arXiv 2506.10911).
 
 With M replicas of S stages, process (replica d, stage s) has global rank ``d * S + s``: a replica's
 stages are neighbours in rank order, so ``torchrun --nproc-per-node S`` puts one whole replica on each

@@ -1,4 +1,4 @@
-"""One process's share of a pipelined inner step with NoLoCo's random routing (Kolehmainen et al., NoLoCo,
+"""One process's share of a pipelined inner step with NoLoCo's random routing (NoLoCo,
 arXiv 2506.10911; the routing is in :mod:`swarmlm.noloco.pipeline.routing`).
 
 One inner step (:class:`PipelineSchedule`)

@@ -1,4 +1,4 @@
-"""Cutting a Hugging Face decoder-only LM into pipeline stages (SPEC B.5).
+"""Cutting a Hugging Face decoder-only LM into pipeline stages (for NoLoCo's random pipeline routing, arXiv 2506.10911).
 
 :func:`build_stage` takes the whole ``*ForCausalLM`` model (every process builds the same one from
 the shared seed, so all stages start from the model an unsplit run would train) and keeps one

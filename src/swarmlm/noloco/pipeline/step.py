@@ -1,5 +1,5 @@
 """The inner step of an M × S pipeline run: one stage of one replica per process, with NoLoCo's random routing
-(Kolehmainen et al., NoLoCo, arXiv 2506.10911).
+(NoLoCo, arXiv 2506.10911).
 
 Process (replica d, stage s) has global rank ``d * S + s`` (:mod:`swarmlm.noloco.pipeline.routing`) and holds
 stage s of the model (:mod:`swarmlm.noloco.pipeline.stages`). Two kinds of process groups join them:
