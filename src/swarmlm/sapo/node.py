@@ -39,7 +39,7 @@ from swarmlm.sapo.records import DropCounter, RolloutRecord, decode_message, enc
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
-from swarmlm.tasks import Question, TaskSource, build_prompt, eval_questions, extract_answer
+from swarmlm.tasks import TaskSource, build_prompt, eval_questions, extract_answer
 from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,6 @@ class OwnRollouts:
     """What a node generated in :meth:`SAPONode.play`, kept for :meth:`SAPONode.learn`."""
 
     round: int
-    questions: list[Question]
     generated: list[Generated]
     rewards: list[list[float]]
     gen_seconds: float
@@ -158,7 +157,7 @@ class SAPONode:
             num_completions=g.group_size, max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
         gen_seconds = time.perf_counter() - started
         rewards = [self._score_texts(q.family, q.entry, gen.texts) for q, gen in zip(questions, generated)]
-        own = OwnRollouts(round, questions, generated, rewards, gen_seconds,
+        own = OwnRollouts(round, generated, rewards, gen_seconds,
                           gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)))
         own.global_round = self.transport.global_round(round)  # records are keyed by the swarm's round, not a local count
         records = [RolloutRecord(self.node_id, own.global_round, q.family, q.question, q.answer, q.metadata, gen.texts,

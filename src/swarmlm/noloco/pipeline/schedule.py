@@ -55,7 +55,6 @@ class Chunk:
     loss_terms: torch.Tensor | None = None  # per-piece mean losses, with graph (last stage)
     losses: list[float] | None = None  # per-piece loss values, once known
     upstream: int | None = None  # rank it came from
-    slot: int = -1  # slot in which it was computed
     done: bool = False  # its backward ran (the gradient reached this stage)
 
     @property
@@ -75,7 +74,6 @@ class StepReport:
     retried: int = 0  # pieces delivered in a later slot after a failed hop
     dropped: int = 0  # pieces this stage could not deliver in any slot
     grad_lost: int = 0  # pieces whose gradient never came back to this stage
-    missed: int = 0  # forward hops from upstream that never arrived
     sent_to: list[int | None] = field(default_factory=list)  # per slot: the rank this stage sent to
     recv_from: list[int | None] = field(default_factory=list)  # per slot: the rank this stage received from
 
@@ -162,7 +160,7 @@ class PipelineSchedule:
                 report.recv_from.append(None)
                 if slot < self.n:
                     batch = micro_batches[slot]
-                    chunk = self._forward(batch, batch, [[self.replica, slot, int(batch.shape[0])]], slot=slot)
+                    chunk = self._forward(batch, batch, [[self.replica, slot, int(batch.shape[0])]])
                     own[slot] = chunk
             else:
                 up = rank_of(routes.prev_replica(self.replica, self.stage, slot), self.stage - 1, self.S)
@@ -170,12 +168,11 @@ class PipelineSchedule:
                 result = self.links.recv(self._name("f", step, slot, up, self.rank), up)
                 if result.ok and result.tensors:
                     activations, labels = result.tensors
-                    chunk = self._forward(activations, labels, result.header["pieces"], upstream=up, slot=slot)
+                    chunk = self._forward(activations, labels, result.header["pieces"], upstream=up)
                     received[slot] = chunk
-                elif not result.ok:
-                    report.missed += 1
-                    if result.reason.startswith("transfer"):  # the sender may think it delivered: close the way back
-                        self.links.abandon(self._name("b", step, slot, up, self.rank))
+                elif not result.ok and result.reason.startswith("transfer"):
+                    # the sender may think it delivered: close the way back
+                    self.links.abandon(self._name("b", step, slot, up, self.rank))
             if self.last:
                 report.sent_to.append(None)
                 continue

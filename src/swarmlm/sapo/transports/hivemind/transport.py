@@ -65,12 +65,10 @@ class _Counters:
     publish_skipped: int = 0
     publish_failures: int = 0
     get_timeouts: int = 0
-    get_errors: int = 0
     dht_rejected: int = 0
     bootstrap_attempts: int = 0
     rejoin_attempts: int = 0
     routing_table: int = 0
-    last_collect_messages: int = 0
 
 
 class HivemindTransport(RolloutTransport):
@@ -111,7 +109,7 @@ class HivemindTransport(RolloutTransport):
         self.dht_options = dict(dht_options or {})
         self.ttl = (staleness_rounds + 2) * clock.round_length
         self.max_ttl = 2 * self.ttl + 60.0
-        #: where refusals and bad messages are counted; the node runner points this at the node's counter
+        #: where refusals and bad messages are counted; the volunteer process points this at its node's counter
         self.drops = DropCounter()
         self.counters = _Counters()
         self._token = f"{identity.peer_id}-{os.getpid()}-{id(self)}"
@@ -129,7 +127,6 @@ class HivemindTransport(RolloutTransport):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._retry_thread: threading.Thread | None = None
-        self._last_error = ""
         self._last_io = self._last_wait = 0.0  # the last collect: seconds reading the DHT, seconds waiting for peers
         self._next_rejoin, self._rejoin_delay = 0.0, 0.0
         try:
@@ -137,7 +134,6 @@ class HivemindTransport(RolloutTransport):
         except BootstrapError as err:
             if not self.initial_peers:
                 raise
-            self._last_error = str(err)
             log.error("could not join the swarm: %s. Training alone meanwhile; retrying in %gs.", err, retry_initial)
             self._retry_thread = threading.Thread(target=self._retry_loop, daemon=True, name="swarmlm-dht-retry")
             self._retry_thread.start()
@@ -186,11 +182,9 @@ class HivemindTransport(RolloutTransport):
                 dht = self._create_dht()
             except BootstrapError as err:
                 delay = min(delay * 2, self.retry_max)
-                self._last_error = str(err)
                 log.warning("still cannot join the swarm: %s. Training alone; next try in %gs.", err, delay)
                 continue
             log.info("joined the swarm after %d attempts", self.counters.bootstrap_attempts)
-            self._last_error = ""
             self._connected(dht)
             return
 
@@ -265,7 +259,6 @@ class HivemindTransport(RolloutTransport):
             time.sleep(self.poll_interval)
             self._last_wait += self.poll_interval
         self._last_io = time.monotonic() - started - self._last_wait
-        self.counters.last_collect_messages = len(out)
         return out
 
     def stats(self) -> dict[str, Any]:
@@ -361,7 +354,6 @@ class HivemindTransport(RolloutTransport):
                 if "Timeout" in type(err).__name__:
                     self.counters.get_timeouts += 1
                 else:
-                    self.counters.get_errors += 1
                     log.debug("DHT get of round %d failed: %s", r, err)
                 continue
             if found is None:
