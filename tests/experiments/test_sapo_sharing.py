@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from swarmlm.sapo.config import SimulateConfig
 from swarmlm.experiments.sapo_sharing import ExperimentConfig, run_config, run_dir
 from swarmlm.experiments.stats import mean_ci, moving_average
+from swarmlm.sapo.config import SimulateConfig
 
 
 def test_mean_ci_matches_hand_computation():

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 from swarmlm.experiments.sim_clock import simulate_clock, sync_steps
-from swarmlm.experiments.sync_bench import (SyncBenchConfig, analytic_row, expected_max_normal, fit_overheads,
-                                             summarize_cells, targets)
+from swarmlm.experiments.sync_bench import (
+    SyncBenchConfig,
+    analytic_row,
+    expected_max_normal,
+    fit_overheads,
+    summarize_cells,
+    targets,
+)
 from swarmlm.noloco.comm.link_model import LinkModel
 
 LINK = LinkModel(0.1, 125e6)  # 100 ms and 1 Gbit/s

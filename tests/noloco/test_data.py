@@ -10,8 +10,16 @@ import torch
 
 from swarmlm.models import build_byte_tokenizer
 from swarmlm.noloco.config import DataSection
-from swarmlm.noloco.data import (ShardSampler, StreamSampler, builtin_documents, hf_validation_tokens, is_validation,
-                                 prepare_local, replica_data, validation_batches)
+from swarmlm.noloco.data import (
+    ShardSampler,
+    StreamSampler,
+    builtin_documents,
+    hf_validation_tokens,
+    is_validation,
+    prepare_local,
+    replica_data,
+    validation_batches,
+)
 
 
 @pytest.fixture(scope="module")

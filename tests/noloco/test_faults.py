@@ -15,11 +15,11 @@ import time
 import pytest
 
 from swarmlm.config import dump_config
-from swarmlm.runtime.distributed import free_port
-from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.noloco.config import TrainConfig
 from swarmlm.noloco.groups import make_groups
 from swarmlm.noloco.replica import EXIT_CODE_INJECTED, rank_dir
+from swarmlm.runtime.distributed import free_port
+from swarmlm.runtime.metrics import read_jsonl
 
 REPLICAS = 4
 TIMEOUT_S = 3.0

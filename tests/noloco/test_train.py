@@ -8,9 +8,9 @@ import math
 import pytest
 
 from swarmlm.cli import main
-from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.noloco.groups import make_groups
 from swarmlm.noloco.replica import rank_dir
+from swarmlm.runtime.metrics import read_jsonl
 
 REPLICAS = 4
 STEPS = 8

@@ -9,10 +9,15 @@ import random
 import numpy as np
 import torch
 
-from swarmlm.runtime.checkpoints import (latest_checkpoint, load_optimizer_state, load_rng_state, load_tensors,
-                                 save_checkpoint)
-from swarmlm.runtime.metrics import MetricsWriter, read_jsonl
 from swarmlm.models import build_preset, load_model
+from swarmlm.runtime.checkpoints import (
+    latest_checkpoint,
+    load_optimizer_state,
+    load_rng_state,
+    load_tensors,
+    save_checkpoint,
+)
+from swarmlm.runtime.metrics import MetricsWriter, read_jsonl
 
 
 def _trained_step(model, optimizer):

@@ -21,8 +21,8 @@ from transformers import GenerationConfig
 
 from swarmlm.models import build_preset
 from swarmlm.sapo import batching
-from swarmlm.sapo.engines import hf
 from swarmlm.sapo.batching import TrainSample, collate, sample_logprobs, shared_prompt_logprobs, token_logprobs
+from swarmlm.sapo.engines import hf
 from swarmlm.sapo.engines.hf import HFEngine, generate_completions
 from swarmlm.sapo.grpo import grpo_loss
 

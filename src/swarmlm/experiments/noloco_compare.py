@@ -56,8 +56,15 @@ from swarmlm.config import ConfigError, StrictModel, dump_config, parse_list
 from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sim_clock import simulate_clock
 from swarmlm.noloco.comm.link_model import LinkModel
-from swarmlm.noloco.config import (DataSection, ExchangeSection, InnerSection, NetworkSection, NoLoCoSection,
-                                   OuterSection, TrainConfig)
+from swarmlm.noloco.config import (
+    DataSection,
+    ExchangeSection,
+    InnerSection,
+    NetworkSection,
+    NoLoCoSection,
+    OuterSection,
+    TrainConfig,
+)
 from swarmlm.noloco.replica import rank_dir
 from swarmlm.runtime.metrics import read_jsonl
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from swarmlm.experiments.stats import mean_ci
 from swarmlm.experiments.plots import pyplot
+from swarmlm.experiments.stats import mean_ci
 
 COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan",
           "diloco-matched": "tab:purple"}

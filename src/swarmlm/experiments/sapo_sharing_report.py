@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from swarmlm.experiments.stats import mean_ci, moving_average
 from swarmlm.experiments.plots import pyplot
+from swarmlm.experiments.stats import mean_ci, moving_average
 from swarmlm.sapo.summary import node_totals
 
 

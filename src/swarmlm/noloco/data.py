@@ -37,8 +37,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from swarmlm.runtime.cache import cache_root, file_lock
 from swarmlm.noloco.config import DataSection
+from swarmlm.runtime.cache import cache_root, file_lock
 
 log = logging.getLogger(__name__)
 

@@ -100,8 +100,8 @@ def worker_main(config_json: str) -> dict[str, Any]:
 
 def run_training(config: TrainConfig) -> dict[str, Any]:
     """Train ``config.nproc`` replicas locally, or be one rank under torchrun; returns the summary."""
-    from swarmlm.runtime.distributed import launch_local, under_torchrun
     from swarmlm.noloco.data import prepare
+    from swarmlm.runtime.distributed import launch_local, under_torchrun
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -36,8 +36,14 @@ from swarmlm.noloco.data import replica_data, validation_batches
 from swarmlm.noloco.groups import group_of, make_groups
 from swarmlm.noloco.inner_step import DataParallelStep, InnerStep
 from swarmlm.noloco.outer import DiLoCoOuter, group_means, noloco_step, noloco_step_fast
-from swarmlm.runtime.checkpoints import (checkpoint_at, checkpoint_steps, load_optimizer_state, load_rng_state,
-                                         load_tensors, save_checkpoint)
+from swarmlm.runtime.checkpoints import (
+    checkpoint_at,
+    checkpoint_steps,
+    load_optimizer_state,
+    load_rng_state,
+    load_tensors,
+    save_checkpoint,
+)
 from swarmlm.runtime.devices import resolve_device
 from swarmlm.runtime.interrupts import graceful_interrupt
 from swarmlm.runtime.metrics import MetricsWriter

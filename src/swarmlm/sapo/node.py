@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from swarmlm.models import PRESETS, load_model
 from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state, save_checkpoint
 from swarmlm.runtime.devices import DTYPES, resolve_device
 from swarmlm.runtime.metrics import MetricsWriter
-from swarmlm.models import PRESETS, load_model
 from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
@@ -39,8 +39,8 @@ from swarmlm.sapo.records import DropCounter, RolloutRecord, decode_message, enc
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
-from swarmlm.tasks import TaskSource, build_prompt, eval_questions, extract_answer
 from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
+from swarmlm.tasks import TaskSource, build_prompt, eval_questions, extract_answer
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import torch
 from pydantic import Field
 from tqdm.auto import tqdm
 
-from swarmlm.runtime.cache import cache_root, file_lock
 from swarmlm.config import StrictModel
 from swarmlm.models import PRESETS, build_preset
+from swarmlm.runtime.cache import cache_root, file_lock
 from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer
 
 log = logging.getLogger(__name__)

@@ -25,14 +25,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from swarmlm.runtime.distributed import free_port
+from swarmlm.experiments.gpipe_time import activation_bytes
 from swarmlm.models import load_model
 from swarmlm.noloco.comm.links import PipeLinks
-from swarmlm.noloco.pipeline.stages import StageModule, build_stage, build_stages, split_layers
 from swarmlm.noloco.config import TrainConfig
-from swarmlm.noloco.pipeline.schedule import PipelineSchedule
-from swarmlm.experiments.gpipe_time import activation_bytes
 from swarmlm.noloco.pipeline.routing import Routes, position, rank_of, route_permutations
+from swarmlm.noloco.pipeline.schedule import PipelineSchedule
+from swarmlm.noloco.pipeline.stages import StageModule, build_stage, build_stages, split_layers
+from swarmlm.runtime.distributed import free_port
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,21 +20,21 @@ import pytest
 import torch
 
 from swarmlm.cli import main
+from swarmlm.models import load_model
+from swarmlm.noloco.pipeline.routing import Routes, position, rank_of
+from swarmlm.noloco.pipeline.stages import build_stage
+from swarmlm.noloco.replica import checkpoint_dir, rank_dir
 from swarmlm.runtime.distributed import launch_local
 from swarmlm.runtime.metrics import read_jsonl
-from swarmlm.models import load_model
-from swarmlm.noloco.pipeline.stages import build_stage
-from swarmlm.noloco.pipeline.routing import Routes, position, rank_of
-from swarmlm.noloco.replica import checkpoint_dir, rank_dir
 
 
 def _identity_worker(batches: list[torch.Tensor]) -> dict:
     """One process of an M = 1, S = 2 pipeline: one inner step's gradients, with the engine of real runs."""
     from torch.distributed import distributed_c10d as c10d
 
-    from swarmlm.runtime.distributed import destroy_process_group, init_process_group
     from swarmlm.noloco.comm.links import PipeLinks
     from swarmlm.noloco.pipeline.schedule import PipelineSchedule
+    from swarmlm.runtime.distributed import destroy_process_group, init_process_group
 
     torch.set_num_threads(1)
     rank, world = init_process_group("gloo")

@@ -28,12 +28,11 @@ import pytest
 
 pytest.importorskip("hivemind")
 
-from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
-
 from swarmlm.runtime.checkpoints import latest_checkpoint  # noqa: E402
 from swarmlm.runtime.metrics import read_jsonl  # noqa: E402
 from swarmlm.sapo.transports.hivemind.clock import RoundClock  # noqa: E402
 from swarmlm.sapo.transports.hivemind.identity import load_identity  # noqa: E402
+from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

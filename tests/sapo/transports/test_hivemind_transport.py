@@ -18,12 +18,11 @@ import pytest
 
 pytest.importorskip("hivemind")
 
-from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
-
 from swarmlm.sapo.records import DropCounter  # noqa: E402
 from swarmlm.sapo.transports.hivemind.clock import RoundClock, round_key  # noqa: E402
 from swarmlm.sapo.transports.hivemind.identity import load_identity, owner_public_key, peer_id_of_public_key  # noqa: E402
 from swarmlm.sapo.transports.hivemind.transport import HivemindTransport, check_multiaddrs  # noqa: E402
+from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,6 @@ from swarmlm.noloco.comm.exchange import DistributedCommunicator, send_recv
 from swarmlm.noloco.comm.link_model import LinkModel
 
 
-
 class EmulatedCommunicator(DistributedCommunicator):
     """:class:`DistributedCommunicator` over an emulated link: every message sleeps ``link.message_s(bytes)`` before
     it is sent. NoLoCo's exchange keeps its rendezvous and fresh per-link groups; DiLoCo's and DDP's

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from swarmlm.noloco.comm.base import Communicator, ExchangeResult, Traffic
-from swarmlm.noloco.comm.rendezvous import GO, ABANDONED, Heartbeat, rendezvous, timedelta, wait_until
+from swarmlm.noloco.comm.rendezvous import ABANDONED, GO, Heartbeat, rendezvous, timedelta, wait_until
 
 log = logging.getLogger(__name__)
 

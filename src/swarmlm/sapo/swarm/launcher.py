@@ -21,8 +21,8 @@ from typing import Any
 
 from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
-from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 from swarmlm.sapo.summary import node_dir, write_run_summary
+from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 
 log = logging.getLogger(__name__)
 

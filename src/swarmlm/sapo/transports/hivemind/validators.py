@@ -22,7 +22,6 @@ from swarmlm.sapo.transports.hivemind import require_hivemind
 from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock, round_key
 from swarmlm.sapo.transports.hivemind.identity import Identity, owner_public_key
 
-
 #: validators of the transports of this process, by token: after the DHT process forks, its copy of
 #: this registry points at its copies of the validators, so a coroutine run there can read their counts
 _VALIDATORS: dict[str, Any] = {}
