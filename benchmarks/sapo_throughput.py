@@ -230,7 +230,10 @@ def _bound_summary(shape: ModelShape, samples: list[Sample], bandwidth: float, f
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from swarmlm.runtime.devices import DTYPES
+    try:
+        from swarmlm.runtime.devices import DTYPES
+    except ImportError:  # a checkout from before the runtime package (to measure it: PYTHONPATH=<checkout>/src)
+        from swarmlm.devices import DTYPES
     from swarmlm.sapo.config import SAPOConfig
     from swarmlm.sapo.node import SAPONode
     from swarmlm.sapo.transports.in_process import InProcessHub
