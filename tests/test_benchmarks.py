@@ -146,14 +146,19 @@ def test_soak_short_run_passes_and_writes_its_files(soak, tmp_path, capsys):
 
 def test_soak_fails_on_a_real_leak(soak, tmp_path, monkeypatch, capsys):
     """Memory held every round (a list that keeps 12 MB a round, as a metrics history kept in memory would):
-    the soak must fail with exit status 1."""
+    the soak must fail with exit status 1. The 12 MB are fresh pages (an anonymous mmap, written): heap memory
+    could reuse what earlier tests in this process freed, which is already resident and would not show."""
+    import mmap
+
     from swarmlm.sapo.node import SAPONode
 
     kept = []
     original = SAPONode.run_round
 
     def leaky(self, round):
-        kept.append(bytearray(b"\x01") * (12 * soak.MB))
+        held = mmap.mmap(-1, 12 * soak.MB)
+        held[:] = b"\x01" * (12 * soak.MB)
+        kept.append(held)
         return original(self, round)
 
     monkeypatch.setattr(SAPONode, "run_round", leaky)
@@ -161,4 +166,5 @@ def test_soak_fails_on_a_real_leak(soak, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("FAIL")
     result = json.loads((tmp_path / "leak" / "soak.json").read_text())
     assert result["rss"]["slope_mb_per_round"] == pytest.approx(12, rel=0.3)
-    kept.clear()
+    for held in kept:
+        held.close()

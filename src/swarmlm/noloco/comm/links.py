@@ -77,7 +77,8 @@ class HopResult:
 class PipeLinks:
     """All pipeline hops of one process (see the module docstring).
 
-    ``key`` maps a name to a store key private to this launch (:meth:`Communicator.key`).
+    ``key`` maps a name to a store key private to this launch
+    (:meth:`swarmlm.noloco.comm.exchange.DistributedCommunicator.key`).
     """
 
     def __init__(self, *, store: dist.Store, rank: int, key: Callable[[str], str], timeout_s: float,

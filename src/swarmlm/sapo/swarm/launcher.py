@@ -143,7 +143,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from swarmlm.sapo.node import initial_model_path
-    from swarmlm.sapo.transports.hivemind.transport import require_hivemind
+    from swarmlm.sapo.transports.hivemind import require_hivemind
 
     require_hivemind()
     out = Path(config.out)

@@ -63,7 +63,9 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from swarmlm.sapo.node import SAPONode, initial_model_path
-    from swarmlm.sapo.transports.hivemind.transport import HivemindTransport, RoundClock, load_identity
+    from swarmlm.sapo.transports.hivemind.clock import RoundClock
+    from swarmlm.sapo.transports.hivemind.identity import load_identity
+    from swarmlm.sapo.transports.hivemind.transport import HivemindTransport
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
