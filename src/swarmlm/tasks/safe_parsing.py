@@ -89,35 +89,52 @@ def _neg(a: Value) -> Value:
     return a if isinstance(a, _Special) else -a
 
 
-class _ArithmeticParser:
+class _Cursor:
+    """A position in a bounded text; subclasses say what whitespace they skip."""
+
+    max_chars = 0
+
+    def __init__(self, text: str):
+        if len(text) > self.max_chars:
+            raise ParseError(f"longer than {self.max_chars} characters")
+        self.text = text
+        self.pos = 0
+        self.depth = 0
+
+    def _skip(self) -> None:
+        raise NotImplementedError
+
+    def _peek(self) -> str:
+        """The next character after whitespace, "" at the end."""
+        self._skip()
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def _expect_end(self) -> None:
+        if self._peek() != "":
+            raise ParseError(f"unexpected {self.text[self.pos]!r} at {self.pos}")
+
+
+class _ArithmeticParser(_Cursor):
     """expr := term (('+'|'-') term)* ; term := factor (('*'|'/') factor)* ;
     factor := ('+'|'-') factor | number | '(' expr ')' ; number := digits ['.' [digits]] | '.' digits.
 
     Spaces and tabs separate tokens anywhere; a newline only inside parentheses (as in Python)."""
 
+    max_chars = ARITH_MAX_CHARS
+
     def __init__(self, text: str):
-        if len(text) > ARITH_MAX_CHARS:
-            raise ParseError(f"longer than {ARITH_MAX_CHARS} characters")
-        self.text = text
-        self.pos = 0
+        super().__init__(text)
         self.parens = 0
-        self.depth = 0
 
     def parse(self) -> Value:
         value = self._expr()
-        self._skip()
-        if self.pos != len(self.text):
-            raise ParseError(f"unexpected {self.text[self.pos]!r} at {self.pos}")
+        self._expect_end()
         return value
 
     def _skip(self) -> None:
         text = self.text
         while self.pos < len(text) and (text[self.pos] in _SPACE or (self.parens and text[self.pos] in "\r\n")):
             self.pos += 1
-
-    def _peek(self) -> str:
-        self._skip()
-        return self.text[self.pos] if self.pos < len(self.text) else ""
 
     def _enter(self) -> None:
         self.depth += 1
@@ -223,17 +240,15 @@ _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r", "\n
 _NUMBER_CHARS = frozenset("0123456789.eE+-_")
 
 
-class _LiteralParser:
+class _LiteralParser(_Cursor):
     """value := list | tuple | string | number | ('+'|'-') number ;
     list := '[' [value (',' value)* [',']] ']' ; tuple := '(' ')' | '(' value ',' [value (',' value)* [',']] ')' ;
     a parenthesised single value is that value; at the top level, ``a, b`` is a tuple (as for ``eval``)."""
 
+    max_chars = LITERAL_MAX_CHARS
+
     def __init__(self, text: str):
-        if len(text) > LITERAL_MAX_CHARS:
-            raise ParseError(f"longer than {LITERAL_MAX_CHARS} characters")
-        self.text = text
-        self.pos = 0
-        self.depth = 0
+        super().__init__(text)
         self.items = 0
         self.brackets = 0
 
@@ -247,8 +262,7 @@ class _LiteralParser:
                     break
                 items.append(self._value())
             first = tuple(items)
-        if self._peek() != "":
-            raise ParseError(f"unexpected {self.text[self.pos]!r} at {self.pos}")
+        self._expect_end()
         return first
 
     def _skip(self) -> None:
@@ -261,10 +275,6 @@ class _LiteralParser:
                 self.pos += 2
             else:
                 break
-
-    def _peek(self) -> str:
-        self._skip()
-        return self.text[self.pos] if self.pos < len(self.text) else ""
 
     def _count(self) -> None:
         self.items += 1
