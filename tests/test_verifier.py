@@ -154,6 +154,63 @@ def test_canaries_never_execute_through_the_pool(all_families_verifier, tmp_path
     assert sum(r.ok for r in results) == len(results)
 
 
+def _score_or_zero(scorer, ds, answer, entry) -> float:
+    try:
+        return float(scorer(ds, answer, entry))
+    except Exception:  # the verifier's rule: an answer the scorer raises on scores 0 (e.g. int("wrong"))
+        return 0.0
+
+
+def test_every_allowed_family_regenerates_and_scores_in_the_pool_as_in_this_process(all_families_verifier):
+    """Items are a pure function of (family, config, seed, index) in another process too (no hidden global
+    state), and the worker's audit hook and limits do not change an honest score."""
+    import reasoning_gym
+
+    from swarmlm.tasks.provenance import DATASET_SIZE
+    from swarmlm.tasks.safe_scorers import scorer_for
+
+    v = all_families_verifier
+    seed, index = 7 * STREAM_STRIDE, 3
+    provenances = [Provenance(f, seed, index, v.digests[f]) for f in v.families]
+    regenerated = v.regenerate(provenances)
+    requests, expected = [], []
+    for prov, result in zip(provenances, regenerated):
+        assert result.drop == "", (prov.family, result.detail)
+        ds = reasoning_gym.create_dataset(prov.family, seed=seed, size=DATASET_SIZE)
+        local = json.loads(json.dumps(ds[index]))
+        assert result.item.entry == {k: local.get(k) for k in ("question", "answer", "metadata")}, prov.family
+        answers = [local["answer"], "wrong", None, "0", (local["answer"] or "")[:3]]
+        requests.append(ScoreRequest(prov.family, answers, provenance=prov, question=local["question"]))
+        expected.append([_score_or_zero(scorer_for(prov.family), ds, a, local) for a in answers])
+    for req, res, exp in zip(requests, v.score_many(requests), expected):
+        assert res.ok and res.scores == pytest.approx(exp), req.family
+
+
+_DIGEST_ITEMS = textwrap.dedent("""
+    import hashlib, json, os, sys
+    sys.stdout = open(os.devnull, "w")
+    import reasoning_gym
+    from swarmlm.tasks.scorer_audit import allowed_families
+    out = {}
+    for family in allowed_families():
+        ds = reasoning_gym.create_dataset(family, seed=7 * 10_000_019, size=10_000_018)
+        blob = json.dumps([ds[i] for i in (0, 1, 2, 50)], sort_keys=True, default=repr)
+        out[family] = hashlib.sha256(blob.encode()).hexdigest()
+    sys.stderr.write(json.dumps(out) + "\\n")
+""")
+
+
+def test_every_allowed_familys_items_are_the_same_in_any_process():
+    """Provenance needs items to be a pure function of (family, config, seed, index): not of the process's
+    string-hash seed (isomorphic_strings, ransom_note and knight_swap depend on it, and are refused)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    runs = [subprocess.Popen([sys.executable, "-c", _DIGEST_ITEMS], stderr=subprocess.PIPE, text=True,
+                             env=dict(env, PYTHONHASHSEED=str(seed))) for seed in (1, 2)]
+    digests = [json.loads(run.communicate(timeout=600)[1].strip().splitlines()[-1]) for run in runs]
+    assert set(digests[0]) == set(allowed_families())
+    assert [f for f in digests[0] if digests[0][f] != digests[1][f]] == []
+
+
 def test_the_audit_hook_stops_evaluation_even_in_an_evaluating_scorer(tmp_path):
     """Defence in depth: a worker refuses compile/exec/open while scoring, so even reasoning-gym's own
     binary_matrix scorer (eval) would not run a payload there."""

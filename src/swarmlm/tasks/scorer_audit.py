@@ -43,14 +43,16 @@ _BASE_FINDING = "string comparison only; linear in the answer length"
 
 _BASE_FAMILIES = (
     "aiw", "arc_1d", "base_conversion", "basic_arithmetic", "bf", "binary_alternation", "caesar_cipher",
-    "count_bits", "count_primes", "course_schedule", "gcd", "isomorphic_strings", "largest_island", "lcm",
+    "count_bits", "count_primes", "course_schedule", "gcd", "largest_island", "lcm",
     "leg_counting", "letter_counting", "mahjong_puzzle", "maze", "modulo_grid",
-    "number_filtering", "number_sequence", "ransom_note", "rotate_matrix", "rotten_oranges", "simple_equations",
+    "number_filtering", "number_sequence", "rotate_matrix", "rotten_oranges", "simple_equations",
     "simple_geometry", "string_manipulation", "string_splitting", "string_synthesis", "syllogism",
     "word_sequence_reversal",
 )
 
 _NOT_AUDITED = "not audited in depth (refused until it is)"
+_HASH_DEPENDENT = ("items depend on Python's string-hash randomisation (set order): two processes generate different "
+                   "items from one (seed, index), so no receiver can regenerate them")
 
 AUDIT: dict[str, FamilyAudit] = {name: FamilyAudit("reasoning_gym", _BASE, _BASE_FINDING) for name in _BASE_FAMILIES}
 AUDIT.update({
@@ -173,6 +175,10 @@ AUDIT.update({
                         "created: a stream's dataset (10^7 items) never finishes"),
     "list_functions": FamilyAudit("refused", _BASE, "the scorer is safe, but creating a dataset draws `size` task "
                                   "indices: 1.2 s and ~80 MB per stream, for every peer's seed"),
+    "isomorphic_strings": FamilyAudit("refused", _BASE, _HASH_DEPENDENT),
+    "ransom_note": FamilyAudit("refused", _BASE, _HASH_DEPENDENT),
+    "knight_swap": FamilyAudit("refused", "'No', or json.loads list of moves replayed on metadata board",
+                               "the scorer is safe (linear in the moves); " + _HASH_DEPENDENT),
     "word_ladder": FamilyAudit("refused", "comma-split words, one-letter steps, vocabulary lookup",
                                "the scorer is safe, but the dataset refuses a stream's size (ValueError: Dataset size "
                                "too large for this algorithm and constraints)"),
@@ -183,8 +189,6 @@ AUDIT.update({
                                   "json is a literal parser; errors caught"),
     "game_of_life": FamilyAudit("reasoning_gym", "json.loads of answer and entry answer, cell-wise comparison",
                                 "loops bounded by the entry's grid"),
-    "knight_swap": FamilyAudit("reasoning_gym", "'No', or json.loads list of moves replayed on metadata board",
-                               "linear in the number of moves"),
     "tower_of_hanoi": FamilyAudit("reasoning_gym", "one regex-parsed move per line replayed on pegs", "linear; regex without nested quantifiers"),
     "advanced_geometry": FamilyAudit("reasoning_gym", "float() of the answer (and of 'x, y'), np.round comparison with the entry",
                                      "literal parsers only"),

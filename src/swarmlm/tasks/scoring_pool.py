@@ -34,7 +34,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+               "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _package_root() -> str:
@@ -65,9 +65,9 @@ class _Worker:
     def fd(self) -> int:
         return self.proc.stdout.fileno()
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, line: bytes) -> bool:
         try:
-            self.proc.stdin.write(json.dumps(message, ensure_ascii=True).encode("ascii") + b"\n")
+            self.proc.stdin.write(line)
             self.proc.stdin.flush()
             return True
         except (BrokenPipeError, OSError):
@@ -197,8 +197,13 @@ class ScoringPool:
             for worker in self._workers:
                 if worker.ready and worker.job is None and pending:
                     index = pending.popleft()
+                    try:
+                        line = json.dumps(dict(jobs[index], id=index), ensure_ascii=True).encode("ascii") + b"\n"
+                    except (TypeError, ValueError) as err:  # e.g. metadata that is not JSON
+                        results[index] = {"ok": False, "reason": "scorer_error", "detail": f"job is not JSON: {err}"[:120]}
+                        continue
                     worker.job, worker.job_started = index, time.monotonic()
-                    if not worker.send(dict(jobs[index], id=index)):
+                    if not worker.send(line):
                         results[index] = {"ok": False, "reason": "scorer_error", "detail": "worker gone"}
                         worker.job = None
                         self._replace(worker)

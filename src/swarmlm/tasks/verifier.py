@@ -28,6 +28,7 @@ Results carry one score per answer. An answer on which a scorer raises scores 0 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class _Plan:
 
     result: ScoreResult | None = None
     job: int = -1
+    answers: int = 0
     provenance: Provenance | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -106,6 +108,7 @@ class Verifier:
         limits = config.verifier
         self._items: OrderedDict[Provenance, dict[str, Any]] = OrderedDict()
         self._item_cap = limits.item_cache
+        self._lock = threading.Lock()  # one batch at a time (the pool serialises too)
         self.pool = ScoringPool(self.families, workers=limits.workers, cpu_seconds=limits.cpu_seconds,
                                 generate_cpu_seconds=limits.generate_cpu_seconds,
                                 wall_seconds=limits.wall_seconds, memory_mb=limits.memory_mb,
@@ -146,12 +149,16 @@ class Verifier:
     # ------------------------------------------------------------------ scoring
     def score_many(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         """Score every request in one batch of pool jobs; one result per request, in order."""
+        with self._lock:
+            return self._score_many(requests)
+
+    def _score_many(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         plans: list[_Plan] = []
         jobs: list[dict[str, Any]] = []
 
         def add_job(job: dict[str, Any], **extra: Any) -> _Plan:
             jobs.append(job)
-            return _Plan(job=len(jobs) - 1, **extra)
+            return _Plan(job=len(jobs) - 1, answers=len(job["answers"]), **extra)
 
         for req in requests:
             answers = [a if isinstance(a, str) or a is None else None for a in req.answers]
@@ -195,20 +202,27 @@ class Verifier:
         prov = plan.provenance
         item_json = out.get("item", plan.extra.get("item"))
         item = None
-        if prov is not None and isinstance(item_json, dict):
+        if prov is not None:
+            if not isinstance(item_json, dict) or not isinstance(item_json.get("question"), str):
+                return ScoreResult(drop="scorer_error", detail="malformed item")
             if "item" in out:
                 self._remember(prov, item_json)
             item = _question(prov.family, item_json, prov)
             if out.get("forged"):
                 return ScoreResult(drop="forged_task", detail=f"{prov.family}[{prov.index}]", item=item)
         scores = out.get("scores")
-        if not isinstance(scores, list) or not all(isinstance(s, (int, float)) for s in scores):
+        if (not isinstance(scores, list) or len(scores) != plan.answers
+                or not all(isinstance(s, (int, float)) for s in scores)):
             return ScoreResult(drop="scorer_error", detail="malformed scores", item=item)
         return ScoreResult(scores=[float(s) for s in scores], errors=int(out.get("errors", 0)), item=item)
 
     # ------------------------------------------------------------------ regeneration
     def regenerate(self, provenances: list[Provenance]) -> list[RegenerateResult]:
         """The receiver's own question, answer and metadata for each provenance (or the reason it refuses)."""
+        with self._lock:
+            return self._regenerate(provenances)
+
+    def _regenerate(self, provenances: list[Provenance]) -> list[RegenerateResult]:
         results: list[RegenerateResult | None] = []
         jobs, owners = [], []
         for prov in provenances:
@@ -224,7 +238,7 @@ class Verifier:
             owners.append((len(results) - 1, prov))
             jobs.append({"op": "generate", "family": prov.family, "seed": prov.seed, "index": prov.index})
         for (slot, prov), out in zip(owners, self.pool.run(jobs) if jobs else []):
-            if out.get("ok") and isinstance(out.get("item"), dict):
+            if out.get("ok") and isinstance(out.get("item"), dict) and isinstance(out["item"].get("question"), str):
                 self._remember(prov, out["item"])
                 results[slot] = RegenerateResult(item=_question(prov.family, out["item"], prov))
             else:
