@@ -332,3 +332,15 @@ def test_works_in_a_daemonic_multiprocessing_child(method):
     finally:
         child.join(timeout=60)
     assert child.exitcode == 0
+
+
+def test_the_cost_benchmark_runs_and_writes_its_numbers(tmp_path):
+    out = tmp_path / "cost.json"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "verifier_cost.py"), "--presets", "easy",
+                          "--rounds", "3", "--workers", "1", "--out", str(out)], capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    (easy,) = report["runs"]
+    assert easy["answers_per_round"] == 128 and easy["drops"] == 0 and len(easy["verifier_round_s"]) == 3
+    assert 0 < easy["verifier_ms"]["median"] <= easy["verifier_ms"]["max"]
