@@ -274,6 +274,13 @@ def test_a_job_over_the_memory_limit_is_dropped_as_scorer_memory():
         assert v.score_many([chain])[0].scores == [1.0]
 
 
+def test_a_dataset_config_reasoning_gym_rejects_is_a_config_error():
+    from swarmlm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="family 'binary_matrix' is invalid: AssertionError: min_n must be at least 1"):
+        Verifier(_config(families=[{"name": "binary_matrix", "config": {"min_n": 0}}]))
+
+
 # ----------------------------------------------------------------------------- process lifecycle
 _PARENT = textwrap.dedent("""
     import os, sys, time

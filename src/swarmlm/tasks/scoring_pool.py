@@ -170,6 +170,8 @@ class ScoringPool:
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
+        if self._closed:
+            return
         index = self._workers.index(worker)
         self._workers[index] = _Worker(self._settings)
         self.restarts += 1

@@ -27,11 +27,12 @@ Results carry one score per answer. An answer on which a scorer raises scores 0 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+import reasoning_gym
 
 from swarmlm.config import ConfigError
 from swarmlm.tasks.provenance import Provenance, check_provenance, config_digest
@@ -39,7 +40,6 @@ from swarmlm.tasks.reasoning_gym_tasks import Question, TaskConfig
 from swarmlm.tasks.scorer_audit import allowed_families, audit_of
 from swarmlm.tasks.scoring_pool import ScoringPool
 
-log = logging.getLogger(__name__)
 
 DROP_REASONS = ("foreign_family", "foreign_config", "bad_provenance", "forged_task", "scorer_timeout",
                 "scorer_memory", "scorer_error")
@@ -104,6 +104,10 @@ class Verifier:
         for name in self.families:
             if audit_of(name).verdict == "refused":  # TaskConfig validation refuses these already
                 raise ConfigError(f"family '{name}' is refused by the scorer audit; allowed: {', '.join(allowed_families())}")
+            try:  # a bad dataset config is a config error here, not a worker that cannot start
+                reasoning_gym.create_dataset(name, seed=0, size=1, **self.families[name])
+            except Exception as err:
+                raise ConfigError(f"tasks: the config of family '{name}' is invalid: {type(err).__name__}: {err}") from err
         self.digests = {name: config_digest(name, cfg) for name, cfg in self.families.items()}
         limits = config.verifier
         self._items: OrderedDict[Provenance, dict[str, Any]] = OrderedDict()
