@@ -126,12 +126,16 @@ def test_scores_the_answer_extracted_from_a_completion():
     assert src.score(q.family, extract_answer(f"<answer>{q.answer}</answer> <answer>nope</answer>"), q.entry) < 1.0
 
 
-def test_families_outside_the_mix_use_their_registered_scorer():
+def test_families_outside_the_mix_are_scored_only_when_allowed():
     easy = TaskSource(TaskConfig(), node_seed=1)
     paper = TaskSource(TaskConfig(preset="paper"), node_seed=1)
     q = next(q for q in paper.sample(40) if q.family == "base_conversion")
-    assert easy.can_score("base_conversion")
-    assert easy.score(q.family, q.answer, q.entry) == 1.0
+    assert not easy.can_score("base_conversion")
+    with pytest.raises(ValueError, match="not scored by this node"):
+        easy.score(q.family, q.answer, q.entry)
+    widened = TaskSource(validate_config(TaskConfig, {"allow_families": [{"name": "base_conversion"}]}), node_seed=1)
+    assert widened.can_score("base_conversion")
+    assert widened.score(q.family, q.answer, q.entry) == 1.0
     assert not easy.can_score("no_such_family")
 
 

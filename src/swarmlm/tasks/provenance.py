@@ -1,0 +1,109 @@
+"""Where a question came from, so that a receiver can regenerate it instead of trusting the sender.
+
+A reasoning-gym item is a pure function of (family, dataset config, dataset seed, index). A node attaches a
+:class:`Provenance` to each of its own questions; a receiver checks it (:func:`check_provenance`) and
+regenerates the item from its **own** config of that family. The receiver then scores against its own answer
+and metadata: no peer decides what is correct.
+
+The config is identified by a digest (:func:`config_digest`) of the family name, every field of the family's
+reasoning-gym config class with defaults filled in (so ``{}`` and the explicit defaults agree), and the
+reasoning-gym version (another version may generate other items from the same seed).
+
+Seeds follow :class:`~swarmlm.tasks.reasoning_gym_tasks.TaskSource`: every stream's dataset seed is a multiple
+of ``STREAM_STRIDE`` and an index stays below it, so one (seed, index) pair names one item; seeds at or above
+``TRAIN_SEED_LIMIT`` are refused, which keeps peers away from the held-out evaluation set's seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from reasoning_gym.factory import DATASETS
+
+STREAM_STRIDE = 10_000_019  # > any dataset index a run will reach
+DATASET_SIZE = STREAM_STRIDE - 1  # the virtual size every stream's dataset is created with
+EVAL_SEED = 2**62 + 11  # far above any training stream (Random() ignores the sign, so no negatives)
+TRAIN_SEED_LIMIT = 2**62  # provenance seeds must be below this (and so below the evaluation seeds)
+
+try:
+    REASONING_GYM_VERSION = importlib_metadata.version("reasoning-gym")
+except importlib_metadata.PackageNotFoundError:  # pragma: no cover - installed from a source tree
+    REASONING_GYM_VERSION = "unknown"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """The recipe of one question: reasoning-gym family, the dataset's seed, the item's index, config digest."""
+
+    family: str
+    seed: int
+    index: int
+    config: str  # config_digest() of the sender's config of this family
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Any) -> "Provenance | None":
+        """A provenance from its JSON form, or None when the shape or a type is wrong."""
+        if not isinstance(raw, dict) or set(raw) != {"family", "seed", "index", "config"}:
+            return None
+        family, seed, index, config = raw["family"], raw["seed"], raw["index"], raw["config"]
+        if not isinstance(family, str) or not isinstance(config, str) or len(family) > 128 or len(config) > 128:
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, index)):
+            return None
+        return cls(family, seed, index, config)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def resolved_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Every field of the family's reasoning-gym config class, defaults filled in; seed and size left out."""
+    _, config_cls = DATASETS[family]
+    instance = config_cls(**config)
+    fields = {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}
+    fields.pop("seed", None)
+    fields.pop("size", None)
+    return _canonical(fields)
+
+
+def config_digest(family: str, config: dict[str, Any]) -> str:
+    """A 32-hex-digit digest of (family, resolved config, reasoning-gym version)."""
+    blob = json.dumps({"family": family, "config": resolved_config(family, config),
+                       "reasoning_gym": REASONING_GYM_VERSION}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+
+
+def check_provenance(provenance: Provenance, digests: dict[str, str]) -> tuple[str, str]:
+    """``("", "")`` when the receiver may regenerate this item, else ``(drop reason, detail)``.
+
+    ``digests`` maps each family the receiver scores to its own config digest. Reasons: ``foreign_family``
+    (a family the receiver does not score), ``foreign_config`` (another config of the family),
+    ``bad_provenance`` (a seed or index outside the training streams' ranges).
+    """
+    if provenance.family not in digests:
+        return "foreign_family", provenance.family[:32]
+    if provenance.config != digests[provenance.family]:
+        return "foreign_config", f"{provenance.family}: {provenance.config[:12]}"
+    seed, index = provenance.seed, provenance.index
+    if not 0 <= index < DATASET_SIZE:
+        return "bad_provenance", f"index {index}"
+    if not 0 <= seed < TRAIN_SEED_LIMIT or seed % STREAM_STRIDE:
+        return "bad_provenance", f"seed {seed}"
+    return "", ""
