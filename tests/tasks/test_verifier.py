@@ -23,7 +23,7 @@ from swarmlm.tasks.verifier import ScoreRequest, Verifier
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_safe_scorers import _hostile_entries, _one_item, canary_payloads  # noqa: E402
+from tests.tasks.test_safe_scorers import _hostile_entries, _one_item, canary_payloads  # noqa: E402
 
 
 def _config(**data) -> TaskConfig:
