@@ -30,7 +30,7 @@ from swarmlm.tasks.safe_parsing import (
 from swarmlm.tasks.safe_scorers import SAFE_SCORERS, fraction_to_float, scorer_for
 from swarmlm.tasks.scorer_audit import AUDIT, allowed_families, audit_of, render_audit_markdown
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- arithmetic vs sympy

@@ -21,8 +21,7 @@ from swarmlm.tasks.provenance import STREAM_STRIDE, TRAIN_SEED_LIMIT, Provenance
 from swarmlm.tasks.scorer_audit import allowed_families
 from swarmlm.tasks.verifier import ScoreRequest, Verifier
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[2]
 from tests.tasks.test_safe_scorers import _hostile_entries, _one_item, canary_payloads  # noqa: E402
 
 
