@@ -39,17 +39,17 @@ def completions_for(question, k: int) -> list[str]:
 
 def measure(preset: str, rounds: int, nodes: int, local: int, group: int, workers: int) -> dict:
     config = TaskConfig(preset=preset, verifier={"workers": workers})
-    sources = [TaskSource(config, node_seed=1000 + k) for k in range(nodes)]
+    sources = [TaskSource(config, stream=f"bench/node-{k}") for k in range(nodes)]
     started = time.perf_counter()
     verifier = Verifier(config)
     verifier.wait_ready()
     startup = time.perf_counter() - started
     pooled, in_process, drops = [], [], 0
     try:
-        for _ in range(rounds):
+        for r in range(rounds):
             batch = []
             for k, source in enumerate(sources):
-                for q in source.sample(local):
+                for q in source.sample(local, round=r):
                     answers = [extract_answer(t) for t in completions_for(q, group)]
                     if k == 0:
                         batch.append(ScoreRequest(q.family, answers, entry=q.entry))

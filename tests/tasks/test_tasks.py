@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import reasoning_gym
 
 from swarmlm.config import ConfigError, validate_config
 from swarmlm.models import build_byte_tokenizer
-from swarmlm.sapo.node import node_seed
 from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, eval_questions, extract_answer, format_answer
-from swarmlm.tasks.reasoning_gym_tasks import STREAM_STRIDE
+from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED, is_stream_item
 
 
 # ----------------------------------------------------------------------------- answer format
@@ -41,28 +39,30 @@ def test_plain_prompt_holds_question_and_instruction():
 
 
 # ----------------------------------------------------------------------------- streams and evaluation set
-def test_node_streams_are_deterministic_and_differ_between_nodes():
+def test_node_streams_are_deterministic_and_differ_between_nodes_and_rounds():
     config = TaskConfig()
-    a1 = [q.question for q in TaskSource(config, node_seed=node_seed(0, 0)).sample(12)]
-    a2 = [q.question for q in TaskSource(config, node_seed=node_seed(0, 0)).sample(12)]
-    b = [q.question for q in TaskSource(config, node_seed=node_seed(0, 1)).sample(12)]
+    a1 = [q.question for q in TaskSource(config, stream="swarm/node-0").sample(12, round=3)]
+    a2 = [q.question for q in TaskSource(config, stream="swarm/node-0").sample(12, round=3)]
+    b = [q.question for q in TaskSource(config, stream="swarm/node-1").sample(12, round=3)]
     assert a1 == a2
     assert a1 != b
-    # consecutive batches of one node are different questions, not a repeat
-    src = TaskSource(config, node_seed=3)
-    assert [q.question for q in src.sample(8)] != [q.question for q in src.sample(8)]
+    # consecutive rounds of one node, and later slots of one round, are new questions, not a repeat
+    src = TaskSource(config, stream="swarm/node-0")
+    assert [q.question for q in src.sample(8, round=3)] != [q.question for q in src.sample(8, round=4)]
+    assert [q.question for q in src.sample(8, round=3, first_slot=8)] != a1[:8]
+    assert [q.question for q in src.sample(4, round=3, first_slot=8)] == a1[8:12]
 
 
-def test_stream_state_survives_a_json_round_trip():
-    """What a node checkpoint stores: the stream continues exactly where it stopped."""
-    config = TaskConfig()
-    src = TaskSource(config, node_seed=9)
-    src.sample(5)
-    state = json.loads(json.dumps(src.state()))
-    expected = [q.question for q in src.sample(6)]
-    resumed = TaskSource(config, node_seed=9)
-    resumed.load_state(state)
-    assert [q.question for q in resumed.sample(6)] == expected
+def test_a_question_is_bound_to_its_stream_round_and_slot():
+    """What a receiver checks: the question a record carries is the one its sender's stream draws for that
+    round and slot, so neither another node's question nor an old one can be passed off as the sender's own."""
+    src = TaskSource(TaskConfig(), stream="swarm/node-0")
+    q = src.question(7, 2)
+    assert is_stream_item(q.provenance, "swarm/node-0", 7, 2)
+    assert not is_stream_item(q.provenance, "swarm/node-1", 7, 2)  # re-signed by another node
+    assert not is_stream_item(q.provenance, "swarm/node-0", 8, 2)  # published again in a later round
+    assert not is_stream_item(q.provenance, "swarm/node-0", 7, 3)  # under another slot
+    assert not is_stream_item(q.provenance, "other-swarm/node-0", 7, 2)
 
 
 def test_eval_set_is_fixed():
@@ -73,10 +73,9 @@ def test_eval_set_is_fixed():
     assert len({q.family for q in a}) > 1
 
 
-def test_eval_and_node_streams_draw_from_disjoint_seeds(monkeypatch):
+def test_eval_and_training_questions_draw_from_disjoint_seeds(monkeypatch):
     """reasoning-gym seeds item i of a dataset with seed + i. Record every dataset created (the real function
-    is called) and check that the seed ranges a run can reach never overlap: not between the evaluation set
-    and any node, nor between two nodes or two families of one node."""
+    is called) and check that the seeds the held-out set uses never fall in the training datasets' range."""
     created = []
     real = reasoning_gym.create_dataset
 
@@ -90,23 +89,19 @@ def test_eval_and_node_streams_draw_from_disjoint_seeds(monkeypatch):
     eval_ranges = [(seed, seed + size) for _, seed, size in created]
     assert len(eval_ranges) == len(config.resolved_families())
     created.clear()
-    for base in (0, 1, 42, 12345):
-        for k in range(8):
-            TaskSource(config, node_seed=node_seed(base, k))
-    stream_ranges = [(seed, seed + STREAM_STRIDE) for _, seed, _ in created]
-    assert len(stream_ranges) == 4 * 8 * len(config.resolved_families())
-    ranges = sorted(eval_ranges + stream_ranges)
-    for (lo1, hi1), (lo2, hi2) in zip(ranges, ranges[1:]):
-        assert hi1 <= lo2, f"seed ranges [{lo1}, {hi1}) and [{lo2}, {hi2}) overlap"
+    TaskSource(config, stream="swarm/node-0")
+    assert {(seed, size) for _, seed, size in created} == {(TRAIN_SEED, DATASET_SIZE)}
+    for lo, hi in eval_ranges:
+        assert hi <= TRAIN_SEED or lo >= TRAIN_SEED + DATASET_SIZE, (lo, hi)
 
 
 # ----------------------------------------------------------------------------- verifiers
 @pytest.mark.parametrize("preset", ["easy", "paper"])
 def test_scorer_gives_one_for_the_right_answer_and_less_for_a_wrong_one(preset):
     config = TaskConfig(preset=preset)
-    src = TaskSource(config, node_seed=5)
+    src = TaskSource(config, stream="test/5")
     checked = set()
-    for q in src.sample(60):
+    for q in src.sample(60, round=0):
         if q.answer is None:  # e.g. propositional_logic: any valid conclusion, no reference answer
             continue
         assert src.score(q.family, q.answer, q.entry) == 1.0, (q.family, q.question, q.answer)
@@ -119,21 +114,21 @@ def test_scorer_gives_one_for_the_right_answer_and_less_for_a_wrong_one(preset):
 
 
 def test_scores_the_answer_extracted_from_a_completion():
-    src = TaskSource(TaskConfig(), node_seed=2)
-    q = src.sample(1)[0]
+    src = TaskSource(TaskConfig(), stream="test/2")
+    q = src.sample(1, round=0)[0]
     good = f"Let me think.\n<answer>{q.answer}</answer>"
     assert src.score(q.family, extract_answer(good), q.entry) == 1.0
     assert src.score(q.family, extract_answer(f"<answer>{q.answer}</answer> <answer>nope</answer>"), q.entry) < 1.0
 
 
 def test_families_outside_the_mix_are_scored_only_when_allowed():
-    easy = TaskSource(TaskConfig(), node_seed=1)
-    paper = TaskSource(TaskConfig(preset="paper"), node_seed=1)
-    q = next(q for q in paper.sample(40) if q.family == "base_conversion")
+    easy = TaskSource(TaskConfig(), stream="test/1")
+    paper = TaskSource(TaskConfig(preset="paper"), stream="test/1")
+    q = next(q for q in paper.sample(40, round=0) if q.family == "base_conversion")
     assert not easy.can_score("base_conversion")
     with pytest.raises(ValueError, match="not scored by this node"):
         easy.score(q.family, q.answer, q.entry)
-    widened = TaskSource(validate_config(TaskConfig, {"allow_families": [{"name": "base_conversion"}]}), node_seed=1)
+    widened = TaskSource(validate_config(TaskConfig, {"allow_families": [{"name": "base_conversion"}]}), stream="test/1")
     assert widened.can_score("base_conversion")
     assert widened.score(q.family, q.answer, q.entry) == 1.0
     assert not easy.can_score("no_such_family")
@@ -142,7 +137,7 @@ def test_families_outside_the_mix_are_scored_only_when_allowed():
 def test_weighted_mix():
     config = validate_config(TaskConfig, {"families": [{"name": "chain_sum", "weight": 1},
                                                        {"name": "products", "weight": 99}]})
-    families = [q.family for q in TaskSource(config, node_seed=0).sample(200)]
+    families = [q.family for q in TaskSource(config, stream="test/0").sample(200, round=0)]
     assert families.count("products") > 180 and set(families) <= {"chain_sum", "products"}
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from swarmlm.config import validate_config
 from swarmlm.tasks import TASK_PRESETS, TaskConfig, TaskSource
-from swarmlm.tasks.provenance import STREAM_STRIDE, TRAIN_SEED_LIMIT, Provenance, config_digest
+from swarmlm.tasks.provenance import EVAL_SEED, STREAM_STRIDE, TRAIN_SEED, Provenance, config_digest
 from swarmlm.tasks.scorer_audit import allowed_families
 from swarmlm.tasks.verifier import ScoreRequest, Verifier
 
@@ -59,8 +59,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("preset", ["easy", "paper"])
 def test_pool_scores_equal_in_process_scores_and_regeneration_reproduces_the_streams(verifier, preset):
     config = _config(preset=preset)
-    source = TaskSource(config, node_seed=4242)
-    questions = source.sample(40)
+    source = TaskSource(config, stream="test/4242")
+    questions = source.sample(40, round=0)
     own, peer = [], []
     for q in questions:
         answers = [q.answer, "wrong", None, "", "0", (q.answer or "") + " ", q.metadata.get("example_answer")]
@@ -83,8 +83,8 @@ def test_pool_scores_equal_in_process_scores_and_regeneration_reproduces_the_str
 
 
 def test_regenerate_returns_the_receivers_own_item(verifier):
-    source = TaskSource(TaskConfig(preset="paper"), node_seed=99)
-    questions = source.sample(12)
+    source = TaskSource(TaskConfig(preset="paper"), stream="test/99")
+    questions = source.sample(12, round=0)
     regenerated = verifier.regenerate([q.provenance for q in questions])
     for q, r in zip(questions, regenerated):
         assert r.drop == "" and r.item.question == q.question and r.item.answer == q.answer
@@ -93,8 +93,8 @@ def test_regenerate_returns_the_receivers_own_item(verifier):
 
 
 def test_peer_provenance_is_checked_before_anything_runs(verifier):
-    source = TaskSource(TaskConfig(preset="paper"), node_seed=5)
-    q = next(q for q in source.sample(20) if q.family == "binary_matrix")
+    source = TaskSource(TaskConfig(preset="paper"), stream="test/5")
+    q = next(q for q in source.sample(20, round=0) if q.family == "binary_matrix")
     p = q.provenance
     cases = {
         "forged_task": ScoreRequest(q.family, ["x"], provenance=p, question=q.question + " (now answer 42)"),
@@ -105,18 +105,18 @@ def test_peer_provenance_is_checked_before_anything_runs(verifier):
     }
     results = verifier.score_many(list(cases.values()))
     assert [r.drop for r in results] == list(cases)
-    eval_seed = Provenance(p.family, TRAIN_SEED_LIMIT + 11 - (TRAIN_SEED_LIMIT + 11) % STREAM_STRIDE + STREAM_STRIDE, 0, p.config)
-    bad = [eval_seed, Provenance(p.family, -STREAM_STRIDE, 0, p.config), Provenance(p.family, p.seed, STREAM_STRIDE, p.config),
-           Provenance(p.family, p.seed, -1, p.config)]
-    assert [r.drop for r in verifier.regenerate(bad)] == ["bad_provenance"] * 4
+    bad = [Provenance(p.family, EVAL_SEED, 0, p.config), Provenance(p.family, -STREAM_STRIDE, 0, p.config),
+           Provenance(p.family, 2 * STREAM_STRIDE, 0, p.config), Provenance(p.family, 0, 0, p.config),
+           Provenance(p.family, p.seed, STREAM_STRIDE, p.config), Provenance(p.family, p.seed, -1, p.config)]
+    assert [r.drop for r in verifier.regenerate(bad)] == ["bad_provenance"] * 6
     own_foreign = verifier.score_many([ScoreRequest("countdown", ["1"], entry={"question": "", "answer": "1", "metadata": {}})])
     assert own_foreign[0].drop == "foreign_family"
 
 
 def test_a_peer_cannot_pair_a_question_with_another_answer(verifier):
     """Reward poisoning: question i sent with the answer of question j, and completions that agree with j."""
-    source = TaskSource(TaskConfig(preset="paper"), node_seed=8)
-    qs = [q for q in source.sample(30) if q.answer]
+    source = TaskSource(TaskConfig(preset="paper"), stream="test/8")
+    qs = [q for q in source.sample(30, round=0) if q.answer]
     i, j = next((a, b) for a in qs for b in qs if a.family == b.family and a.answer != b.answer)
     poisoned = ScoreRequest(i.family, [j.answer] * 4 + [i.answer], provenance=i.provenance, question=i.question)
     result = verifier.score_many([poisoned])[0]
@@ -169,7 +169,7 @@ def test_every_allowed_family_regenerates_and_scores_in_the_pool_as_in_this_proc
     from swarmlm.tasks.safe_scorers import scorer_for
 
     v = all_families_verifier
-    seed, index = 7 * STREAM_STRIDE, 3
+    seed, index = TRAIN_SEED, 3
     provenances = [Provenance(f, seed, index, v.digests[f]) for f in v.families]
     regenerated = v.regenerate(provenances)
     requests, expected = [], []
@@ -189,10 +189,11 @@ _DIGEST_ITEMS = textwrap.dedent("""
     import hashlib, json, os, sys
     sys.stdout = open(os.devnull, "w")
     import reasoning_gym
+    from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED
     from swarmlm.tasks.scorer_audit import allowed_families
     out = {}
     for family in allowed_families():
-        ds = reasoning_gym.create_dataset(family, seed=7 * 10_000_019, size=10_000_018)
+        ds = reasoning_gym.create_dataset(family, seed=TRAIN_SEED, size=DATASET_SIZE)
         blob = json.dumps([ds[i] for i in (0, 1, 2, 50)], sort_keys=True, default=repr)
         out[family] = hashlib.sha256(blob.encode()).hexdigest()
     sys.stderr.write(json.dumps(out) + "\\n")
@@ -216,7 +217,7 @@ def test_the_audit_hook_stops_evaluation_even_in_an_evaluating_scorer(tmp_path):
     code = textwrap.dedent(f"""
         import json, sys
         from swarmlm.tasks import scoring_worker
-        worker = scoring_worker.Worker({{"binary_matrix": {{}}}}, 4, 5.0)
+        worker = scoring_worker.Worker({{"binary_matrix": {{}}}}, 5.0)
         scoring_worker.sys.addaudithook(scoring_worker._audit_hook)
         ds = worker.scoring_datasets["binary_matrix"]
         worker.scorers["binary_matrix"] = lambda d, a, e: type(d).score_answer(d, a, e)
@@ -240,7 +241,7 @@ def _slow_config(n: int, **verifier) -> TaskConfig:
 
 def _provenance(config: TaskConfig, family: str, index: int = 0) -> Provenance:
     spec = next(f for f in config.resolved_families() if f.name == family)
-    return Provenance(family, 5 * STREAM_STRIDE, index, config_digest(family, spec.config))
+    return Provenance(family, TRAIN_SEED, index, config_digest(family, spec.config))
 
 
 def test_an_overrun_is_dropped_as_scorer_timeout_and_the_batch_goes_on():

@@ -27,7 +27,7 @@ from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer
 
 log = logging.getLogger(__name__)
 
-WARMSTART_VERSION = 1  # bump when the procedure changes, so that old caches are not reused
+WARMSTART_VERSION = 2  # bump when the procedure changes, so that old caches are not reused
 
 
 class WarmstartConfig(StrictModel):
@@ -52,15 +52,15 @@ def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
     loaded = build_preset(config.model, seed=config.seed)
     model, tok = loaded.model, loaded.tokenizer
     torch.manual_seed(config.seed)
-    source = TaskSource(config.tasks, node_seed=10_000 + config.seed)
+    source = TaskSource(config.tasks, stream=f"warmstart/{config.seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     warmup = max(1, config.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     model.train()
     started = time.time()
     loss_value = float("nan")
-    for _ in tqdm(range(config.steps), desc=f"warm start {config.model}", disable=not progress, unit="step"):
-        questions = source.sample(config.batch_size)
+    for step in tqdm(range(config.steps), desc=f"warm start {config.model}", disable=not progress, unit="step"):
+        questions = source.sample(config.batch_size, round=step)
         prompts = [tok(build_prompt(q.question, tok, "plain"), add_special_tokens=False)["input_ids"] for q in questions]
         targets = [tok(format_answer(q.answer or ""), add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for q in questions]
         width = max(len(p) + len(t) for p, t in zip(prompts, targets))

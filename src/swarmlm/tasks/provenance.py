@@ -9,9 +9,12 @@ The config is identified by a digest (:func:`config_digest`) of the family name,
 reasoning-gym config class with defaults filled in (so ``{}`` and the explicit defaults agree), and the
 reasoning-gym version (another version may generate other items from the same seed).
 
-Seeds follow :class:`~swarmlm.tasks.reasoning_gym_tasks.TaskSource`: every stream's dataset seed is a multiple
-of ``STREAM_STRIDE`` and an index stays below it, so one (seed, index) pair names one item; seeds at or above
-``TRAIN_SEED_LIMIT`` are refused, which keeps peers away from the held-out evaluation set's seeds.
+**Which item a node may send.** Training questions all come from one dataset seed per family (``TRAIN_SEED``);
+the *index* of a node's question is drawn from (swarm, node id, global round, slot) by SHA-256
+(:func:`stream_index`). A receiver recomputes it from the authenticated sender and the record's round and slot
+(:func:`is_stream_item`), so a record is bound to the node that drew it and to its round: re-signing another
+node's question, or re-publishing an old record under a new round, is detected without any state. The
+held-out evaluation set uses other seeds (``EVAL_SEED``), which peers' provenance can never name.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from typing import Any
 
 from reasoning_gym.factory import DATASETS
 
-STREAM_STRIDE = 10_000_019  # > any dataset index a run will reach
-DATASET_SIZE = STREAM_STRIDE - 1  # the virtual size every stream's dataset is created with
-EVAL_SEED = 2**62 + 11  # far above any training stream (Random() ignores the sign, so no negatives)
-TRAIN_SEED_LIMIT = 2**62  # provenance seeds must be below this (and so below the evaluation seeds)
+STREAM_STRIDE = 10_000_019  # > any dataset index: seeds this far apart never share an item
+DATASET_SIZE = STREAM_STRIDE - 1  # the virtual size every training dataset is created with
+TRAIN_SEED = STREAM_STRIDE  # the dataset seed of every training question (items TRAIN_SEED + index)
+EVAL_SEED = 2**62 + 11  # the held-out set's seeds: far from TRAIN_SEED's items (Random() ignores the sign)
 
 try:
     REASONING_GYM_VERSION = importlib_metadata.version("reasoning-gym")
@@ -95,7 +98,7 @@ def check_provenance(provenance: Provenance, digests: dict[str, str]) -> tuple[s
 
     ``digests`` maps each family the receiver scores to its own config digest. Reasons: ``foreign_family``
     (a family the receiver does not score), ``foreign_config`` (another config of the family),
-    ``bad_provenance`` (a seed or index outside the training streams' ranges).
+    ``bad_provenance`` (a seed other than ``TRAIN_SEED``, or an index outside the dataset).
     """
     if provenance.family not in digests:
         return "foreign_family", provenance.family[:32]
@@ -104,6 +107,23 @@ def check_provenance(provenance: Provenance, digests: dict[str, str]) -> tuple[s
     seed, index = provenance.seed, provenance.index
     if not 0 <= index < DATASET_SIZE:
         return "bad_provenance", f"index {index}"
-    if not 0 <= seed < TRAIN_SEED_LIMIT or seed % STREAM_STRIDE:
+    if seed != TRAIN_SEED:
         return "bad_provenance", f"seed {seed}"
     return "", ""
+
+
+def stream_draw(stream: str, round: int, slot: int, purpose: str) -> int:
+    """A 64-bit number drawn from (stream, round, slot, purpose) with SHA-256: the same on every machine,
+    and unpredictable from any other (stream, round, slot)."""
+    blob = "\x1f".join((stream, str(round), str(slot), purpose)).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big")
+
+
+def stream_index(stream: str, round: int, slot: int, family: str) -> int:
+    """The dataset index of question ``slot`` of ``round`` in ``stream`` when that question is of ``family``."""
+    return stream_draw(stream, round, slot, "index:" + family) % DATASET_SIZE
+
+
+def is_stream_item(provenance: Provenance, stream: str, round: int, slot: int) -> bool:
+    """Whether ``provenance`` is the question that ``stream`` draws at (``round``, ``slot``) for its family."""
+    return provenance.seed == TRAIN_SEED and provenance.index == stream_index(stream, round, slot, provenance.family)

@@ -1,10 +1,12 @@
 """reasoning-gym as a task source: a weighted mix of task families, each with its own config.
 
-Each node draws its own question stream (``node_seed``), so nodes do not see identical batches; the
-held-out evaluation set is generated from a seed that no training stream uses. reasoning-gym seeds
-item ``i`` of a dataset from ``seed + i``, so stream seeds are spaced ``STREAM_STRIDE`` apart. Every question
-carries its :class:`~swarmlm.tasks.provenance.Provenance` (family, dataset seed, index, config digest), from
-which a receiving node regenerates it.
+Each node draws its own question stream, named by a string (the swarm's name and the node's id), so nodes do
+not see identical batches. Question ``slot`` of global round ``g`` is a pure function of (stream, g, slot): its
+family is drawn by weight and its index in the family's training dataset by SHA-256
+(:func:`~swarmlm.tasks.provenance.stream_index`), so the stream needs no state to resume and a receiver can tell
+whether a record's question really is its sender's for that round. The held-out evaluation set is generated
+from seeds no training question uses. Every question carries its :class:`~swarmlm.tasks.provenance.Provenance`
+(family, dataset seed, index, config digest), from which a receiving node regenerates it.
 
 Only families that passed the scorer audit (:mod:`swarmlm.tasks.scorer_audit`) can be in a mix; they are scored
 with :func:`swarmlm.tasks.safe_scorers.scorer_for`. A node scores through :class:`swarmlm.tasks.verifier.Verifier`,
@@ -23,7 +25,8 @@ from reasoning_gym.factory import DATASETS
 
 from swarmlm.config import StrictModel
 from swarmlm.tasks.provenance import DATASET_SIZE as _DATASET_SIZE
-from swarmlm.tasks.provenance import EVAL_SEED, STREAM_STRIDE, Provenance, config_digest
+from swarmlm.tasks.provenance import (EVAL_SEED, STREAM_STRIDE, TRAIN_SEED, Provenance, config_digest, stream_draw,
+                                      stream_index)
 from swarmlm.tasks.safe_scorers import scorer_for
 from swarmlm.tasks.scorer_audit import allowed_families, audit_of
 
@@ -92,8 +95,10 @@ class VerifierConfig(StrictModel):
     wall_seconds: float = Field(10.0, gt=0, le=3600, description="wall-clock time one job may take before its worker is killed")
     memory_mb: int = Field(512, ge=64, le=65536, description="address space (MiB) a worker may add to its start-up size")
     start_timeout: float = Field(180.0, gt=0, description="seconds a worker may take to start (imports, datasets)")
-    dataset_cache: int = Field(32, ge=1, le=4096, description="regeneration datasets (family, seed) each worker keeps")
     item_cache: int = Field(4096, ge=0, le=1_000_000, description="regenerated items the node keeps (by provenance)")
+    round_seconds: float = Field(10.0, gt=0, le=3600, description=(
+        "wall-clock seconds one round may spend verifying peers' records; those not verified by then are dropped "
+        "as verify_budget (the node's own completions are always scored)"))
 
 
 def _check_audited(name: str) -> None:
@@ -161,44 +166,39 @@ def _to_question(family: str, item: dict[str, Any], provenance: Provenance | Non
 
 
 class TaskSource:
-    """A node's stream of questions and its verifier."""
+    """A node's stream of questions (``stream`` names it, e.g. ``"<swarm>/<node id>"``) and its in-process scorer."""
 
-    def __init__(self, config: TaskConfig, node_seed: int):
+    def __init__(self, config: TaskConfig, stream: str):
         self.config = config
+        self.stream = stream
         self.families = config.resolved_families()
-        self._weights = [f.weight for f in self.families]
-        self._rng = random.Random(node_seed)
-        base = (node_seed * len(self.families) + 1) * STREAM_STRIDE
-        self._seeds = {f.name: base + i * STREAM_STRIDE for i, f in enumerate(self.families)}
-        self._datasets = {f.name: _create(f, seed=self._seeds[f.name]) for f in self.families}
+        total = sum(f.weight for f in self.families)
+        self._cumulative = [sum(f.weight for f in self.families[: i + 1]) / total for i in range(len(self.families))]
+        self._datasets = {f.name: _create(f, seed=TRAIN_SEED) for f in self.families}
         self._digests = {f.name: config_digest(f.name, f.config) for f in self.families}
-        self._next_index = {f.name: 0 for f in self.families}
         self._scored = config.scored_families()
         self._scoring_datasets: dict[str, Any] = {}
 
-    def state(self) -> dict[str, Any]:
-        return {"rng": self._rng.getstate(), "next_index": dict(self._next_index)}
+    def family_at(self, round: int, slot: int) -> str:
+        """The family of question ``slot`` of global round ``round``, drawn by weight (without generating it)."""
+        u = stream_draw(self.stream, round, slot, "family") / 2.0**64
+        return next((f for f, edge in zip(self.families, self._cumulative) if u < edge), self.families[-1]).name
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        rng_state = state["rng"]
-        self._rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
-        self._next_index.update(state["next_index"])
+    def question(self, round: int, slot: int) -> Question:
+        """Question ``slot`` of global round ``round``: the family by weight, then the family's item."""
+        family = self.family_at(round, slot)
+        index = stream_index(self.stream, round, slot, family)
+        provenance = Provenance(family, TRAIN_SEED, index, self._digests[family])
+        return _to_question(family, self._datasets[family][index], provenance)
 
-    def sample(self, n: int) -> list[Question]:
-        """The next ``n`` questions: each family chosen by weight, then the family's next item."""
-        out = []
-        for _ in range(n):
-            family = self._rng.choices(self.families, weights=self._weights)[0].name
-            idx = self._next_index[family]
-            self._next_index[family] = idx + 1
-            provenance = Provenance(family, self._seeds[family], idx, self._digests[family])
-            out.append(_to_question(family, self._datasets[family][idx], provenance))
-        return out
+    def sample(self, n: int, round: int, first_slot: int = 0) -> list[Question]:
+        """Questions ``first_slot … first_slot + n - 1`` of ``round``."""
+        return [self.question(round, slot) for slot in range(first_slot, first_slot + n)]
 
     def score(self, family: str, answer: str | None, entry: dict[str, Any]) -> float:
         """Reward for ``answer`` with this node's safe scorer of ``family``, in this process (no time or memory
-        limit: :class:`~swarmlm.tasks.verifier.Verifier` adds them). Raises ValueError for a family this node does
-        not score."""
+        limit: :class:`~swarmlm.tasks.verifier.Verifier` adds them, and nodes score through it). Raises
+        ValueError for a family this node does not score."""
         if family not in self._scored:
             raise ValueError(f"family '{family}' is not scored by this node")
         dataset = self._datasets.get(family) or self._scoring_datasets.get(family)

@@ -128,13 +128,12 @@ class ScoringPool:
 
     def __init__(self, families: dict[str, dict[str, Any]], *, workers: int = 2, cpu_seconds: float = 1.0,
                  generate_cpu_seconds: float = 5.0, wall_seconds: float = 10.0, memory_mb: int = 512,
-                 dataset_cache: int = 32, start_timeout: float = 180.0):
+                 start_timeout: float = 180.0):
         self.size = max(1, workers)
         self.wall_seconds = wall_seconds
         self.start_timeout = start_timeout
         self._settings = (json.dumps({"families": families, "memory_mb": memory_mb, "cpu_seconds": cpu_seconds,
-                                      "generate_cpu_seconds": generate_cpu_seconds,
-                                      "dataset_cache": dataset_cache}) + "\n").encode("utf-8")
+                                      "generate_cpu_seconds": generate_cpu_seconds}) + "\n").encode("utf-8")
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -177,14 +176,16 @@ class ScoringPool:
         self.restarts += 1
 
     # ------------------------------------------------------------------ the batch loop
-    def run(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def run(self, jobs: list[dict[str, Any]], deadline: float | None = None) -> list[dict[str, Any]]:
         """Run ``jobs`` (JSON objects, see :mod:`swarmlm.tasks.scoring_worker`) and return their results in
-        order. A job that overruns or kills its worker returns ``{"ok": False, "reason": ..., "detail": ...}``."""
+        order. A job that overruns or kills its worker returns ``{"ok": False, "reason": ..., "detail": ...}``.
+        With a ``deadline`` (``time.monotonic()`` seconds), the batch ends then: jobs not yet started return
+        ``verify_budget`` and jobs still running are stopped (their workers replaced) as ``scorer_timeout``."""
         if self._closed:
             raise RuntimeError("the scoring pool is closed")
         with self._lock:
             try:
-                return self._run(jobs)
+                return self._run(jobs, deadline)
             except BaseException:
                 for worker in list(self._workers):  # e.g. Ctrl+C: a reply still due would not find its job
                     if worker.job is not None:
@@ -192,10 +193,13 @@ class ScoringPool:
                         self._replace(worker)
                 raise
 
-    def _run(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _run(self, jobs: list[dict[str, Any]], deadline: float | None) -> list[dict[str, Any]]:
         results: dict[int, dict[str, Any]] = {}
         pending = deque(range(len(jobs)))
         while len(results) < len(jobs):
+            if deadline is not None and time.monotonic() >= deadline:
+                self._stop_batch(pending, results)
+                break
             for worker in self._workers:
                 if worker.ready and worker.job is None and pending:
                     index = pending.popleft()
@@ -212,9 +216,20 @@ class ScoringPool:
             now = time.monotonic()
             busy = [w.job_started + self.wall_seconds - now for w in self._workers if w.job is not None]
             starting = [w.spawned + self.start_timeout - now for w in self._workers if not w.ready]
-            timeout = max(0.0, min(busy + starting + [1.0]))
+            left = [deadline - now] if deadline is not None else []
+            timeout = max(0.0, min(busy + starting + left + [1.0]))
             self._poll(jobs, results, timeout)
         return [results[i] for i in range(len(jobs))]
+
+    def _stop_batch(self, pending: deque, results: dict[int, dict[str, Any]]) -> None:
+        """The batch's deadline passed: what has not started is not started, what runs is stopped."""
+        while pending:
+            results[pending.popleft()] = {"ok": False, "reason": "verify_budget", "detail": "the round's verification time is spent"}
+        for worker in list(self._workers):
+            if worker.job is not None:
+                results[worker.job] = {"ok": False, "reason": "scorer_timeout", "detail": "stopped at the round's deadline"}
+                worker.job = None
+                self._replace(worker)
 
     def _poll(self, jobs: list[dict[str, Any]], results: dict[int, dict[str, Any]], timeout: float) -> None:
         selector = selectors.DefaultSelector()

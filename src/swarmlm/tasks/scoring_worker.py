@@ -4,8 +4,8 @@ Started by :class:`swarmlm.tasks.scoring_pool.ScoringPool` as ``python -m swarml
 It speaks line-delimited JSON on stdin/stdout (never pickle, so a worker cannot make its parent run code):
 
 * first line in: ``{"families": {name: config}, "memory_mb": int, "cpu_seconds": float,
-  "generate_cpu_seconds": float, "dataset_cache": int}``;
-  first line out: ``{"ready": true}`` once every family's scoring dataset is built and its scorer warmed up
+  "generate_cpu_seconds": float}``;
+  first line out: ``{"ready": true}`` once every family's dataset is built and its scorer warmed up
   (or ``{"fatal": "..."}``);
 * then one job per line, one result per line (see :func:`handle`).
 
@@ -30,7 +30,6 @@ import json
 import os
 import signal
 import sys
-from collections import OrderedDict
 from typing import Any, Callable
 
 _BLOCKED_EVENTS = ("compile", "exec", "open", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
@@ -75,24 +74,21 @@ def _address_space_bytes() -> int:
 
 
 class Worker:
-    def __init__(self, families: dict[str, dict[str, Any]], dataset_cache: int, cpu_seconds: float,
-                 generate_cpu_seconds: float | None = None):
+    def __init__(self, families: dict[str, dict[str, Any]], cpu_seconds: float, generate_cpu_seconds: float | None = None):
         import reasoning_gym
 
-        from swarmlm.tasks.provenance import DATASET_SIZE
+        from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED
         from swarmlm.tasks.safe_scorers import scorer_for
 
-        self._create = reasoning_gym.create_dataset
-        self._size = DATASET_SIZE
+        self.train_seed = TRAIN_SEED
         self.families = families
         self.cpu_seconds = cpu_seconds
         self.generate_cpu_seconds = generate_cpu_seconds or cpu_seconds
         self.scorers: dict[str, Callable] = {name: scorer_for(name) for name in families}
-        # the dataset each family scores with (scorers read its config); seed 0 is as good as any
-        self.scoring_datasets = {name: self._create(name, seed=0, size=self._size, **config)
+        # every training question comes from these datasets (one seed per family, see provenance.py), built once
+        # here so that a regeneration only generates its item; scorers read the same datasets' configs
+        self.scoring_datasets = {name: reasoning_gym.create_dataset(name, seed=TRAIN_SEED, size=DATASET_SIZE, **config)
                                  for name, config in families.items()}
-        self._regen: OrderedDict[tuple[str, int], Any] = OrderedDict()
-        self._regen_cap = max(1, dataset_cache)
 
     def warm_up(self) -> None:
         """Run every scorer once on a few answers before the audit hook is installed, so that first-call work
@@ -107,18 +103,6 @@ class Worker:
                     pass
 
     # ------------------------------------------------------------------ jobs
-    def _dataset(self, family: str, seed: int):
-        key = (family, seed)
-        dataset = self._regen.get(key)
-        if dataset is None:
-            dataset = self._create(family, seed=seed, size=self._size, **self.families[family])
-            self._regen[key] = dataset
-            if len(self._regen) > self._regen_cap:
-                self._regen.popitem(last=False)
-        else:
-            self._regen.move_to_end(key)
-        return dataset
-
     def _score(self, family: str, entry: dict[str, Any], answers: list[Any]) -> tuple[list[float], int]:
         dataset, scorer = self.scoring_datasets[family], self.scorers[family]
         scores, errors = [], 0
@@ -152,7 +136,9 @@ class Worker:
             scores, errors = self._score(family, entry, list(job.get("answers") or []))
             return {"ok": True, "scores": scores, "errors": errors}
         if job.get("op") == "generate":
-            raw = self._dataset(family, int(job["seed"]))[int(job["index"])]
+            if job.get("seed") != self.train_seed:  # the verifier refuses these first (bad_provenance)
+                return {"ok": False, "reason": "bad_provenance", "detail": "not the training seed"}
+            raw = self.scoring_datasets[family][int(job["index"])]
             item = {"question": raw["question"], "answer": raw.get("answer"), "metadata": raw.get("metadata") or {}}
             item = json.loads(json.dumps(item))  # what a peer would see: JSON types only
             out: dict[str, Any] = {"ok": True, "item": item}
@@ -191,7 +177,7 @@ def main() -> None:
 
     try:
         settings = json.loads(requests.readline())
-        worker = Worker(settings["families"], int(settings.get("dataset_cache", 32)), float(settings["cpu_seconds"]),
+        worker = Worker(settings["families"], float(settings["cpu_seconds"]),
                         float(settings.get("generate_cpu_seconds") or settings["cpu_seconds"]))
         worker.warm_up()
         _set_limits(int(settings["memory_mb"]))

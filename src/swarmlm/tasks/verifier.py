@@ -42,7 +42,7 @@ from swarmlm.tasks.scoring_pool import ScoringPool
 
 
 DROP_REASONS = ("foreign_family", "foreign_config", "bad_provenance", "forged_task", "scorer_timeout",
-                "scorer_memory", "scorer_error")
+                "scorer_memory", "scorer_error", "verify_budget")
 
 
 @dataclass
@@ -116,7 +116,7 @@ class Verifier:
         self.pool = ScoringPool(self.families, workers=limits.workers, cpu_seconds=limits.cpu_seconds,
                                 generate_cpu_seconds=limits.generate_cpu_seconds,
                                 wall_seconds=limits.wall_seconds, memory_mb=limits.memory_mb,
-                                dataset_cache=limits.dataset_cache, start_timeout=limits.start_timeout)
+                                start_timeout=limits.start_timeout)
 
     # ------------------------------------------------------------------ lifecycle
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -151,12 +151,14 @@ class Verifier:
             self._items.popitem(last=False)
 
     # ------------------------------------------------------------------ scoring
-    def score_many(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        """Score every request in one batch of pool jobs; one result per request, in order."""
+    def score_many(self, requests: list[ScoreRequest], deadline: float | None = None) -> list[ScoreResult]:
+        """Score every request in one batch of pool jobs; one result per request, in order. With a ``deadline``
+        (``time.monotonic()`` seconds) requests not scored by then are dropped (``verify_budget``,
+        ``scorer_timeout``), in the order given: put the requests that matter most first."""
         with self._lock:
-            return self._score_many(requests)
+            return self._score_many(requests, deadline)
 
-    def _score_many(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+    def _score_many(self, requests: list[ScoreRequest], deadline: float | None) -> list[ScoreResult]:
         plans: list[_Plan] = []
         jobs: list[dict[str, Any]] = []
 
@@ -190,7 +192,7 @@ class Verifier:
             plans.append(add_job({"op": "generate", "family": prov.family, "seed": prov.seed, "index": prov.index,
                                   "question": req.question, "answers": answers}, provenance=prov))
 
-        outputs = self.pool.run(jobs) if jobs else []
+        outputs = self.pool.run(jobs, deadline) if jobs else []
         results = []
         for plan in plans:
             if plan.result is not None:
