@@ -262,8 +262,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = ModelShape.of(node.model)
 
     # the node's own question stream, replayed for TRL: TRL's step k sees the questions of the node's round k
-    stream = TaskSource(config.tasks, node_seed=node.seed)
-    questions = [q for _ in range(total) for q in stream.sample(I)]
+    stream = TaskSource(config.tasks, stream=node.tasks.stream)
+    questions = [q for r in range(1, total + 1) for q in stream.sample(I, round=r)]
     prompts = [build_prompt(q.question, node.tokenizer, config.generation.prompt_style) for q in questions]
 
     sapo_samples: list[Sample] = []

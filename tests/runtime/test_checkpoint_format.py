@@ -11,7 +11,9 @@ import torch
 import torch.distributed as dist
 
 CHECKPOINT_FILES = {"model", "optimizer.pt", "rng.pt", "state.json"}
-SAPO_STATE = {"step", "node_id", "cumulative_reward_own", "tasks", "rng", "drops"}
+SAPO_STATE = {"step", "node_id", "cumulative_reward_own", "slots", "rng", "drops"}
+# before question streams were stateless, a node saved its stream's position ("tasks") and no slots
+SAPO_STATE_BEFORE_STATELESS_STREAMS = {"step", "node_id", "cumulative_reward_own", "tasks", "rng", "drops"}
 NOLOCO_STATE = {"step", "method", "scheduler", "sampler", "bytes_sent", "bytes_recv", "comm_s", "skipped_total",
                 "compute_s", "tokens"}
 PIPELINE_STATE = {"stages", "pipe_totals", "pipe_traffic"}  # added by a pipeline stage (checked in the pipeline tests)
@@ -47,6 +49,15 @@ def test_sapo_node_checkpoint_layout_and_resume(tmp_path):
         assert torch.equal(a, b)
     assert latest_checkpoint(directory).step == 1
     resumed.close()
+
+    # a checkpoint of the earlier layout (the stream's position, no slots) still resumes
+    state = json.loads((step / "state.json").read_text())
+    old = {k: v for k, v in state.items() if k != "slots"} | {"tasks": {"rng": [3, [1, 2], None], "next_index": {}}}
+    assert set(old) == SAPO_STATE_BEFORE_STATELESS_STREAMS
+    (step / "state.json").write_text(json.dumps(old))
+    older = SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), tmp_path, "tiny-qwen2", tensorboard=False)
+    assert older.round == 1 and older.rng.getstate() == node.rng.getstate()
+    older.close()
 
 
 def test_noloco_replica_checkpoint_layout_and_resume(tmp_path):

@@ -6,20 +6,22 @@ from __future__ import annotations
 import copy
 import json
 import random
-from dataclasses import asdict
-
 import pytest
 
 from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, check_record, decode_message, encode_message
+from swarmlm.tasks.provenance import TRAIN_SEED, Provenance
 
 SENDER = "node-1"
 KNOWN = {"chain_sum", "basic_arithmetic"}
 ROUND = 5
 
 
+PROVENANCE = Provenance("chain_sum", TRAIN_SEED, 1234, "c" * 32)
+
+
 def record(**overrides) -> RolloutRecord:
-    base = dict(node_id=SENDER, round=ROUND, family="chain_sum", question="What is 2 + 3? Ünïcode ✓",
-                answer="5", metadata={"source_dataset": "chain_sum", "difficulty": {"num_terms": 2}, "x": [1, 2.5, None]},
+    base = dict(node_id=SENDER, round=ROUND, slot=0, family="chain_sum", question="What is 2 + 3? Ünïcode ✓",
+                provenance=PROVENANCE,
                 completions=["<answer>5</answer>", "think… <answer>6</answer>", "", "<answer>5</answer>"],
                 model="tiny-qwen2")
     base.update(overrides)
@@ -27,13 +29,13 @@ def record(**overrides) -> RolloutRecord:
 
 
 def raw(**overrides) -> dict:
-    out = asdict(record())
+    out = record().to_json()
     out.update(overrides)
     return out
 
 
 def message(*records) -> bytes:
-    return json.dumps({"v": 1, "records": list(records)}).encode()
+    return json.dumps({"v": 2, "records": list(records)}).encode()
 
 
 def decode(payload, limits: RecordLimits | None = None, rounds=(ROUND, ROUND), sender=SENDER):
@@ -52,7 +54,8 @@ def assert_dropped(payload, reason, **kw):
 
 # ----------------------------------------------------------------------------- valid
 def test_valid_records_pass_through_unchanged():
-    records = [record(), record(question="q2", answer=None, completions=["a", "b"]), record(family="basic_arithmetic")]
+    records = [record(), record(question="q2", slot=1, completions=["a", "b"]),
+               record(family="basic_arithmetic", provenance=Provenance("basic_arithmetic", TRAIN_SEED, 7, "d" * 32))]
     got, drops = decode(encode_message(records))
     assert got == records
     assert drops.total() == 0
@@ -70,8 +73,9 @@ def test_round_window_accepts_recent_rounds():
     (b"not json at all", "malformed"),
     (b"[" * 50_000 + b"]" * 50_000, "malformed"),               # nesting deeper than the JSON parser allows
     (b'[{"v": 1}]', "bad_message"),                             # not an object
-    (b'{"v": 2, "records": []}', "bad_message"),                # unknown wire version
-    (b'{"v": 1, "records": {"a": 1}}', "bad_message"),          # records not a list
+    (b'{"v": 3, "records": []}', "bad_message"),                # unknown wire version
+    (b'{"v": 1, "records": []}', "bad_message"),                # the old wire version (answers and metadata)
+    (b'{"v": 2, "records": {"a": 1}}', "bad_message"),          # records not a list
     (b'{"records": []}', "bad_message"),
     ("a str, not bytes", "bad_message"),
     (None, "bad_message"),
@@ -87,9 +91,9 @@ def test_oversized_message():
     assert_dropped(big, "oversized_message", limits=limits)
 
 
-def test_flood_of_records_is_dropped():
+def test_too_many_records_in_one_message():
     limits = RecordLimits(max_records_per_message=3)
-    assert_dropped(encode_message([record()] * 4), "flood", limits=limits)
+    assert_dropped(encode_message([record()] * 4), "too_many_records", limits=limits)
     got, drops = decode(encode_message([record()] * 3), limits=limits)
     assert len(got) == 3 and drops.total() == 0
 
@@ -106,8 +110,20 @@ BAD_RECORDS = {
     "completions None": (raw(completions=None), "bad_type"),
     "int question": (raw(question=42), "bad_type"),
     "None question": (raw(question=None), "bad_type"),
-    "list answer": (raw(answer=["5"]), "bad_type"),
-    "int answer": (raw(answer=5), "bad_type"),
+    "answers are not sent": (raw(answer="5"), "bad_fields"),
+    "metadata is not sent": (raw(metadata={}), "bad_fields"),
+    "float slot": (raw(slot=0.0), "bad_type"),
+    "negative slot": (raw(slot=-1), "bad_type"),
+    "slot too high": (raw(slot=4096), "bad_type"),
+    "provenance None": (raw(provenance=None), "bad_provenance"),
+    "provenance a list": (raw(provenance=[1, 2]), "bad_provenance"),
+    "provenance with a str index": (raw(provenance=dict(PROVENANCE.to_json(), index="3")), "bad_provenance"),
+    "provenance with an extra field": (raw(provenance=dict(PROVENANCE.to_json(), answer="5")), "bad_provenance"),
+    "provenance of another family": (raw(provenance=dict(PROVENANCE.to_json(), family="products")), "bad_provenance"),
+    "lone surrogate in a completion": (raw(completions=["a", "\ud800", "c", "d"]), "invalid_unicode"),
+    "lone surrogate in the question": (raw(question="What is \udfff?"), "invalid_unicode"),
+    "lone surrogate in the model name": (raw(model="\ud83d"), "invalid_unicode"),
+    "lone surrogate in a key": (dict(raw(), **{"\ud800": 1}), "bad_fields"),
     "float round": (raw(round=5.0), "bad_type"),
     "bool round": (raw(round=True), "bad_type"),
     "str round": (raw(round="5"), "bad_type"),
@@ -115,20 +131,16 @@ BAD_RECORDS = {
     "empty node_id": (raw(node_id=""), "bad_type"),
     "int family": (raw(family=3), "bad_type"),
     "None model": (raw(model=None), "bad_type"),
-    "metadata a list": (raw(metadata=[1, 2]), "bad_type"),
-    "metadata None": (raw(metadata=None), "bad_type"),
-    "deeply nested metadata": (raw(metadata=json.loads("{\"a\":" * 30 + "1" + "}" * 30)), "bad_type"),
     "L = 1": (raw(completions=["only one"]), "wrong_group_size"),
     "L = 0": (raw(completions=[]), "wrong_group_size"),
     "L = 65": (raw(completions=["c"] * 65), "wrong_group_size"),
     "forged node_id": (raw(node_id="node-2"), "forged_node_id"),
     "stale round": (raw(round=ROUND - 1), "stale_round"),
     "future round": (raw(round=ROUND + 1), "future_round"),
-    "unknown family": (raw(family="no_such_family"), "unknown_family"),
+    "foreign family": (raw(family="no_such_family", provenance=dict(PROVENANCE.to_json(), family="no_such_family")),
+                       "foreign_family"),
     "oversized completion": (raw(completions=["a", "x" * 8193]), "oversized"),
     "oversized question": (raw(question="q" * 8193), "oversized"),
-    "oversized answer": (raw(answer="a" * 2049), "oversized"),
-    "oversized metadata": (raw(metadata={"blob": "m" * 40_000}), "oversized"),
     "oversized family name": (raw(family="f" * 129), "oversized"),
 }
 
@@ -143,12 +155,12 @@ def test_bad_record_is_dropped_with_its_reason(case):
     assert dict(drops.counts) == {reason: 1}
 
 
-@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
-def test_non_finite_floats_in_metadata(value):
-    # Python's json writes and reads these non-standard tokens; a peer can send them
-    payload = message(raw()).replace(b'"x": [1, 2.5, null]', f'"x": [1, {value}, null]'.encode())
-    assert value.encode() in payload
-    assert_dropped(payload, "bad_type")
+def test_lone_surrogates_sent_as_json_escapes_are_refused():
+    """``"\\ud800"`` is valid JSON and decodes to a string no tokenizer can encode: refused before any tokenizer."""
+    payload = message(raw()).replace(b'"think\\u2026 <answer>6</answer>"', b'"think \\ud800 <answer>6</answer>"')
+    assert b"\\ud800" in payload
+    drops = assert_dropped(payload, "invalid_unicode")
+    assert drops.total() == 1
 
 
 def test_group_size_allow_list():

@@ -9,13 +9,14 @@ import pytest
 
 from swarmlm.sapo.records import RolloutRecord
 from swarmlm.sapo.selection import ScoredGroup, select_external
+from swarmlm.tasks.provenance import TRAIN_SEED, Provenance
 
 POLICIES = ["uniform", "first_valid", "top_reward"]
 
 
 def group(name: str, rewards: list[float]) -> ScoredGroup:
-    record = RolloutRecord(node_id="peer", round=1, family="chain_sum", question=name, answer="1", metadata={},
-                           completions=[f"c{i}" for i in range(len(rewards))], model="tiny-qwen2")
+    record = RolloutRecord(node_id="peer", round=1, slot=0, family="chain_sum", question=name,
+                           provenance=Provenance("chain_sum", TRAIN_SEED, 0, "c" * 32), completions=[f"c{i}" for i in range(len(rewards))], model="tiny-qwen2")
     return ScoredGroup(record, rewards)
 
 

@@ -5,12 +5,13 @@ A round has two halves so that a driver can interleave many nodes:
 
 * :meth:`SAPONode.play` samples I questions, generates L completions each, scores them with the
   node's verifier and publishes the records;
-* :meth:`SAPONode.learn` collects the other nodes' records, validates and re-scores them, picks J
-  external groups, takes one GRPO update on the I + J groups (:mod:`swarmlm.sapo.update`), evaluates,
-  logs and checkpoints.
+* :meth:`SAPONode.learn` collects the other nodes' records, checks, regenerates and re-scores them
+  (:class:`~swarmlm.sapo.intake.PeerIntake`), picks J external groups, takes one GRPO update on the I + J
+  groups (:mod:`swarmlm.sapo.update`), evaluates, logs and checkpoints.
 
-The node owns its I/O (transport, metrics, checkpoints) and its evaluation; the update is
-:class:`~swarmlm.sapo.update.GRPOUpdate`'s.
+Every score, the node's own completions' included, comes from the node's
+:class:`~swarmlm.tasks.verifier.Verifier`: safe scorers in bounded worker processes. The node owns its I/O
+(transport, metrics, checkpoints) and its evaluation; the update is :class:`~swarmlm.sapo.update.GRPOUpdate`'s.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
 from swarmlm.sapo.grpo import group_advantages
-from swarmlm.sapo.records import DropCounter, RolloutRecord, decode_message, encode_message
+from swarmlm.sapo.intake import PeerIntake, question_stream
+from swarmlm.sapo.records import DropCounter, RolloutRecord, encode_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
 from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
-from swarmlm.tasks import TaskSource, build_prompt, eval_questions, extract_answer
+from swarmlm.tasks import Question, ScoreRequest, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,15 @@ class OwnRollouts:
 
 
 class SAPONode:
-    """One node of the swarm. ``out_dir`` holds its metrics and checkpoints; it resumes from them."""
+    """One node of the swarm. ``out_dir`` holds its metrics and checkpoints; it resumes from them.
+
+    ``swarm`` names the swarm (the same on every node of it): with the node id it names the node's question
+    stream, which receivers check records against. ``verifier`` may be shared by nodes of one process with the
+    same task config (the node starts its own otherwise, and closes only that one)."""
 
     def __init__(self, config: SAPOConfig, node_index: int, transport: RolloutTransport, out_dir: str | Path,
-                 initial_model: str, *, resume: bool = True, tensorboard: bool = True):
+                 initial_model: str, *, resume: bool = True, tensorboard: bool = True, swarm: str | None = None,
+                 verifier: Verifier | None = None):
         self.config = config
         self.index = node_index
         self.transport = transport
@@ -101,24 +108,34 @@ class SAPONode:
         if config.grpo.beta > 0:
             self.ref_model = load_model(initial_model, seed=self.seed, dtype=DTYPES[config.model.dtype]).model.to(self.device)
             self.ref_model.eval().requires_grad_(False)
-        self.tasks = TaskSource(config.tasks, node_seed=self.seed)
+        self.swarm = swarm if swarm is not None else f"seed-{config.seed}"
+        self.tasks = TaskSource(config.tasks, stream=question_stream(self.swarm, self.node_id))
         self.eval_set = eval_questions(config.tasks)
+        self._owns_verifier = verifier is None
+        self.verifier = verifier if verifier is not None else Verifier(config.tasks)
         self.rng = random.Random(self.seed)
         self.drops = DropCounter()
+        self.own_unscored: Counter = Counter()  # own groups the verifier refused (over its limits), by reason
         self.round = 0  # last completed round
         self.cumulative_reward_own = 0.0
+        self._slots = (-1, 0)  # (global round, next free slot): several steps within one global round draw new questions
         if checkpoint is not None:
             load_optimizer_state(checkpoint, self.optimizer)
             st = checkpoint.state
             self.round = checkpoint.step
             self.cumulative_reward_own = st.get("cumulative_reward_own", 0.0)
-            self.tasks.load_state(st["tasks"])
+            self._slots = tuple(st.get("slots", self._slots))
             self.rng.setstate((st["rng"][0], tuple(st["rng"][1]), st["rng"][2]))
             self.drops.counts.update(st.get("drops", {}))
             log.info("%s resumed from %s (round %d)", self.node_id, checkpoint.path, self.round)
         self.updater = GRPOUpdate(self.model, self.optimizer, config.grpo, self.tokenizer.pad_token_id, self.ref_model)
         # generates the rollouts; an engine holding its own copy of the weights (vLLM) is synced after each update
         self.engine: GenerationEngine = make_engine(config.generation, self.model, self.tokenizer)
+        self.intake = PeerIntake(
+            swarm=self.swarm, node_id=self.node_id, limits=config.sharing.limits, verifier=self.verifier,
+            tokenizer=self.tokenizer, max_new_tokens=config.generation.max_new_tokens,
+            staleness_rounds=config.sharing.staleness_rounds, future_rounds=transport.future_rounds,
+            round_seconds=config.tasks.verifier.round_seconds, drops=self.drops, rng=self.rng)
         self.metrics = MetricsWriter(self.out_dir, step_key="round", resume_from=self.round, tensorboard=tensorboard)
 
     # ------------------------------------------------------------------ helpers
@@ -127,9 +144,18 @@ class SAPONode:
         prompts = [build_prompt(q, self.tokenizer, style) for q in questions]
         return tokenize_prompts(self.tokenizer, prompts, self.config.generation.max_prompt_tokens)
 
-    def _score_texts(self, family: str, entry: dict[str, Any], texts: list[str]) -> list[float]:
-        scores = [self.tasks.score(family, extract_answer(t), entry) for t in texts]
-        return [s if math.isfinite(s) else 0.0 for s in scores]  # a NaN would poison the whole update
+    def _score_own(self, questions: list[Question], texts: list[list[str]]) -> list[list[float]]:
+        """This node's scores of its own completions (or of its greedy answers), through its verifier: a group
+        the verifier cannot score (over its limits) scores 0 and is counted in ``own_unscored`` by reason."""
+        results = self.verifier.score_many([ScoreRequest(q.family, [extract_answer(t) for t in group], entry=q.entry)
+                                            for q, group in zip(questions, texts)])
+        out = []
+        for group, res in zip(texts, results):
+            if not res.ok:
+                self.own_unscored[res.drop] += 1
+                log.warning("%s: an own group was not scored: %s (%s)", self.node_id, res.drop, res.detail[:80])
+            out.append([s if math.isfinite(s) else 0.0 for s in res.scores] if res.ok else [0.0] * len(group))
+        return out
 
     def _training_rewards(self, texts: list[str], scores: list[float]) -> list[float]:
         """The rewards the update sees: the task scores, plus ``grpo.format_reward`` for a well-formed answer."""
@@ -138,30 +164,36 @@ class SAPONode:
             return scores
         return [s + bonus * (extract_answer(t) is not None) for t, s in zip(texts, scores)]
 
-    def _strip_special(self, text: str) -> str:
-        """Peer text with this tokenizer's special-token strings removed, so that no peer can inject
-        control tokens (EOS, padding, chat-template markers) into what this node trains on."""
-        for special in self.tokenizer.all_special_tokens:
-            text = text.replace(special, "")
-        return text
+    def _next_slots(self, global_round: int, n: int) -> int:
+        """The first of ``n`` unused question slots of ``global_round``."""
+        first = self._slots[1] if self._slots[0] == global_round else 0
+        if first + n > self.config.sharing.limits.max_slot:
+            first = 0  # more steps in one global round than slots: questions repeat (receivers count them once)
+        self._slots = (global_round, first + n)
+        return first
 
     # ------------------------------------------------------------------ round, first half
     def play(self, round: int) -> OwnRollouts:
         """Sample I questions, generate L completions each, score them, publish them."""
         g = self.config.generation
-        questions = self.tasks.sample(self.config.local)
+        global_round = self.transport.global_round(round)  # records are keyed by the swarm's round, not a local count
+        first_slot = self._next_slots(global_round, self.config.local)
+        questions = self.tasks.sample(self.config.local, round=global_round, first_slot=first_slot)
         torch.manual_seed(self.seed * 100_003 + round)  # the round's samples do not depend on other nodes' work
         started = time.perf_counter()
         generated = self.engine.generate(
             self._prompt_ids([q.question for q in questions]),
             num_completions=g.group_size, max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
         gen_seconds = time.perf_counter() - started
-        rewards = [self._score_texts(q.family, q.entry, gen.texts) for q, gen in zip(questions, generated)]
+        # gen.texts decode exactly the ids that are trained (cut at EOS and max_new_tokens): they are what is scored
+        rewards = self._score_own(questions, [gen.texts for gen in generated])
         own = OwnRollouts(round, generated, rewards, gen_seconds,
-                          gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)))
-        own.global_round = self.transport.global_round(round)  # records are keyed by the swarm's round, not a local count
-        records = [RolloutRecord(self.node_id, own.global_round, q.family, q.question, q.answer, q.metadata, gen.texts,
-                                 self.model_name) for q, gen in zip(questions, generated)]
+                          gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)),
+                          global_round=global_round)
+        for gen in generated:
+            self.intake.remember_own(gen.texts)
+        records = [RolloutRecord(self.node_id, global_round, first_slot + k, q.family, q.question, q.provenance,
+                                 gen.texts, self.model_name) for k, (q, gen) in enumerate(zip(questions, generated))]
         started = time.perf_counter()
         self.transport.publish(own.global_round, encode_message(records))
         own.transport_seconds = time.perf_counter() - started
@@ -169,28 +201,17 @@ class SAPONode:
 
     # ------------------------------------------------------------------ round, second half
     def collect_external(self, round: int) -> tuple[list[ScoredGroup], dict[str, Any]]:
-        """Other nodes' valid records for ``round``, re-scored with this node's verifier."""
+        """Other nodes' valid records for ``round``, checked and re-scored by this node (:class:`PeerIntake`)."""
         round = self.transport.global_round(round)
         before = self.drops.total()  # the transport may count drops of its own while collecting
         started = time.perf_counter()
         messages = self.transport.collect(round, self.config.sharing.collect_timeout)
         seconds = time.perf_counter() - started
-        pool: list[ScoredGroup] = []
-        received = 0
-        for msg in messages:
-            records = decode_message(msg.payload, self.config.sharing.limits, sender=msg.sender, rounds=(round - self.config.sharing.staleness_rounds, round + self.transport.future_rounds),
-                                     known_family=self.tasks.can_score, drops=self.drops)
-            received += len(records)
-            for rec in records:
-                try:
-                    scores = self._score_texts(rec.family, rec.entry, rec.completions)
-                except Exception as err:  # a peer's metadata our verifier cannot use
-                    self.drops.drop("unscorable", msg.sender, f"{type(err).__name__}: {str(err)[:60]}")
-                    continue
-                pool.append(ScoredGroup(rec, self._training_rewards(rec.completions, scores), scores))
+        pool = self.intake.accept(messages, round, self._training_rewards)
         info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
                 "accepted_sources": dict(Counter(g.record.node_id for g in pool)),
-                "records_dropped": self.drops.total() - before, "transport_seconds": seconds, "records_received": received}
+                "records_dropped": self.drops.total() - before, "transport_seconds": seconds,
+                "records_received": self.intake.last_received, "verify_seconds": self.intake.last_seconds}
         return pool, info
 
     def _samples(self, own: OwnRollouts, external: list[ScoredGroup]) -> list[TrainSample]:
@@ -201,13 +222,11 @@ class SAPONode:
         for gen, advs in zip(own.generated, own_adv):
             for ids, a in zip(gen.completion_ids, advs):
                 samples.append(TrainSample(gen.prompt_ids, with_eos(ids, eos, max_new), a))
-        if external:
-            prompt_ids = self._prompt_ids([self._strip_special(grp.record.question) for grp in external])
+        if external:  # the receiver's own question text, and the completions exactly as they were scored
+            prompt_ids = self._prompt_ids([grp.prompt for grp in external])
             for grp, p_ids in zip(external, prompt_ids):
                 advs = group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist()
-                texts = [self._strip_special(c) for c in grp.record.completions]
-                comp = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-                for ids, a in zip(comp, advs):
+                for ids, a in zip(grp.completion_ids, advs):
                     samples.append(TrainSample(p_ids, with_eos(ids, eos, max_new), a, external=True))
         return samples
 
@@ -224,8 +243,8 @@ class SAPONode:
         g = self.config.generation
         generated = self.engine.generate(self._prompt_ids([q.question for q in self.eval_set]),
                                          num_completions=1, max_new_tokens=g.max_new_tokens, max_batch=g.max_batch, greedy=True)
-        scores = [self.tasks.score(q.family, extract_answer(gen.texts[0]), q.entry) for q, gen in zip(self.eval_set, generated)]
-        return sum(scores) / len(scores)
+        scores = self._score_own(self.eval_set, [gen.texts for gen in generated])
+        return sum(s[0] for s in scores) / len(scores)
 
     def learn(self, own: OwnRollouts, round_started: float) -> dict[str, Any]:
         """Collect, select, update, evaluate, log; returns the round's metrics."""
@@ -234,7 +253,7 @@ class SAPONode:
             pool, info = self.collect_external(round)
         else:
             pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
-                              "records_received": 0, "accepted_sources": {}}
+                              "records_received": 0, "accepted_sources": {}, "verify_seconds": 0.0}
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng)
         samples = self._samples(own, chosen)
         started = time.perf_counter()
@@ -263,6 +282,7 @@ class SAPONode:
             **info,
             "transport_seconds": info["transport_seconds"] + own.transport_seconds,
             "drops": dict(self.drops.counts),
+            "own_unscored": dict(self.own_unscored),
             "format_rate": sum(extract_answer(t) is not None for gen in own.generated for t in gen.texts) / max(1, len(all_completions)),
             "completion_tokens": sum(map(len, all_completions)) / max(1, len(all_completions)),
             "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
@@ -283,11 +303,13 @@ class SAPONode:
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> Path:
-        state = {"node_id": self.node_id, "cumulative_reward_own": self.cumulative_reward_own,
-                 "tasks": self.tasks.state(), "rng": self.rng.getstate(), "drops": dict(self.drops.counts)}
+        state = {"node_id": self.node_id, "cumulative_reward_own": self.cumulative_reward_own, "slots": list(self._slots),
+                 "rng": self.rng.getstate(), "drops": dict(self.drops.counts)}
         return save_checkpoint(self.ckpt_dir, self.round, model=self.model, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, state=state)
 
     def close(self) -> None:
         self.metrics.close()
         self.engine.close()
+        if self._owns_verifier:
+            self.verifier.close()

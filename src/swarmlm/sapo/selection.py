@@ -21,6 +21,8 @@ class ScoredGroup:
     record: RolloutRecord
     rewards: list[float]  # what the update trains on (the task score, plus any format bonus)
     scores: list[float] | None = None  # the task's own scores, when they differ from ``rewards``
+    prompt: str | None = None  # the receiver's own text of the question (regenerated), trained on instead of the peer's
+    completion_ids: list[list[int]] | None = None  # the completions as the receiver tokenized and cut them
 
     @property
     def mean_reward(self) -> float:

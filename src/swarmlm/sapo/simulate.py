@@ -22,13 +22,20 @@ from swarmlm.sapo.config import SimulateConfig
 from swarmlm.sapo.node import SAPONode, initial_model_path
 from swarmlm.sapo.summary import node_dir, write_run_summary
 from swarmlm.sapo.transports.in_process import InProcessHub
+from swarmlm.tasks import Verifier
 
 log = logging.getLogger(__name__)
 
 
 def _run_in_process(config: SimulateConfig, initial: str, progress: bool) -> bool:
     hub = InProcessHub(config.nodes)
-    nodes = [SAPONode(config, k, hub.endpoint(f"node-{k}"), node_dir(config.out, k), initial) for k in range(config.nodes)]
+    verifier = Verifier(config.tasks)  # the nodes share one task config, so one pool of scoring workers serves them all
+    try:
+        nodes = [SAPONode(config, k, hub.endpoint(f"node-{k}"), node_dir(config.out, k), initial, verifier=verifier)
+                 for k in range(config.nodes)]
+    except BaseException:
+        verifier.close()
+        raise
     completed = True
     try:
         start = min(n.round for n in nodes) + 1
@@ -50,6 +57,7 @@ def _run_in_process(config: SimulateConfig, initial: str, progress: bool) -> boo
     finally:
         for n in nodes:
             n.close()
+        verifier.close()
     return completed
 
 
