@@ -26,7 +26,11 @@ class SwarmSection(StrictModel):
         "while collecting, wait (at most sharing.collect_timeout) for peers heard within the staleness window "
         "to publish something new (fresher records, slower rounds); false = take what has arrived and go"))
     poll_interval: float = Field(0.5, gt=0, description="seconds between reads of the DHT while collecting")
-    max_peers_per_round: int = Field(256, ge=1, description="most peers' messages read per round (beyond: dropped as flood)")
+    max_peers_per_round: int = Field(256, ge=1, description=(
+        "most peers whose keys are read per round: those heard from recently first, then others of the routing table"))
+    dht_round_bytes: int = Field(32_000_000, ge=1_000_000, description=(
+        "bytes of all peers' messages of one round this node's DHT keeps (its own always; known peers before new "
+        "identities, which share at most half); beyond: refused as dht_full"))
     startup_timeout: float = Field(60.0, gt=0, description="seconds to wait for the DHT to start and reach a peer")
     start_peers: int = Field(0, ge=0, description="before the first step, wait until this many other peers are known")
     start_wait: float = Field(120.0, ge=0, description="longest wait for start_peers (then the node starts anyway)")

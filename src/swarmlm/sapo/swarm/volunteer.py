@@ -89,14 +89,17 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
         identity, run=swarm.run, clock=clock, staleness_rounds=config.sharing.staleness_rounds,
         initial_peers=config.initial_peers, host_maddrs=config.host_maddrs, announce_maddrs=config.announce_maddrs,
         max_value_bytes=config.sharing.limits.max_message_bytes, max_peers_per_round=swarm.max_peers_per_round,
+        max_round_bytes=config.sharing.limits.max_round_bytes, dht_round_bytes=swarm.dht_round_bytes,
         poll_interval=swarm.poll_interval, wait_for_peers=swarm.wait_for_peers, startup_timeout=swarm.startup_timeout,
-        retry_initial=swarm.retry_initial, retry_max=swarm.retry_max, on_connected=on_connected)
+        retry_initial=swarm.retry_initial, retry_max=swarm.retry_max, peer_book=out / "peers.json",
+        on_connected=on_connected)
     completed = False
     started = time.time()
     try:
         initial = initial_model_path(config, progress=config.progress)
-        node = SAPONode(config, index, transport, out, initial)
+        node = SAPONode(config, index, transport, out, initial, swarm=swarm.run)
         transport.drops = node.drops  # the DHT's refusals are counted with the node's own drops
+        transport.trusted = node.intake.standing.recent  # the DHT keeps known peers' messages before new identities
         if swarm.start_peers > 0 and node.round < config.rounds:
             known = transport.await_peers(swarm.start_peers, swarm.start_wait)
             if known < swarm.start_peers:

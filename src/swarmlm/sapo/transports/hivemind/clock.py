@@ -35,8 +35,3 @@ class RoundClock:
 
     def now(self) -> int:
         return self.round_at(time.time())
-
-
-def round_key(run: str, round: int) -> str:
-    """The DHT key of global round ``round`` of swarm ``run``."""
-    return f"swarmlm/sapo/{run}/round/{round}"

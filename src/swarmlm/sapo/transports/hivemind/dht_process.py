@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from swarmlm.sapo.transports.hivemind.validators import take_refusals
+from swarmlm.sapo.transports.hivemind.validators import set_trusted, take_refusals
 
 _DHT_CLASS: list[type] = []
 
@@ -81,9 +81,57 @@ def dht_class():
     return _OwnedDHT
 
 
-async def read_dht_state(_dht, dht_node, token: str) -> tuple[dict[str, int], int]:
-    """The validators' refusals since the last call, and the size of the routing table."""
-    return take_refusals(token), len(dht_node.protocol.routing_table.uid_to_peer_id)
+async def read_dht_state(_dht, dht_node, token: str, trusted: list[str], max_peers: int
+                         ) -> tuple[dict[str, int], list[str], int]:
+    """Once per collect: hand the validators the peers this node trusts, and read back their refusals since the
+    last call, the peer ids of the routing table (at most ``max_peers``) and the bytes the storage budget keeps."""
+    set_trusted(token, trusted)
+    refusals, kept = take_refusals(token)
+    peers = [str(p.to_base58()) for p in list(dht_node.protocol.routing_table.uid_to_peer_id.values())[:max_peers]]
+    return refusals, peers, kept
+
+
+async def fetch_values(_dht, dht_node, keys: list[str], timeout: float, concurrency: int = 16
+                       ) -> dict[str, dict[bytes, tuple[bytes, float]]]:
+    """The dictionaries stored under ``keys`` (``{subkey: (value, expiration)}``), looked up one key per
+    request so that a reply carries one peer's message and never approaches hivemind's reply limit. Keys
+    not found within ``timeout`` seconds are left out."""
+    import asyncio
+
+    limit = asyncio.Semaphore(concurrency)
+    found: dict[str, dict[bytes, tuple[bytes, float]]] = {}
+
+    async def one(key: str) -> None:
+        async with limit:
+            result = await dht_node.get(key, latest=True)
+        if result is None or not isinstance(result.value, dict):
+            return
+        found[key] = {sub: (item.value, float(item.expiration_time)) for sub, item in result.value.items()}
+
+    tasks = [asyncio.create_task(one(k)) for k in keys]
+    if tasks:
+        done, pending = await asyncio.wait(tasks, timeout=max(0.01, timeout))
+        for task in pending:
+            task.cancel()
+        for task in done:
+            task.exception()  # a failed lookup is a key not found (retrieved, so that asyncio does not warn)
+    return found
+
+
+async def refresh_routing(_dht, dht_node, stale_seconds: float) -> int:
+    """Kademlia's bucket refresh: look up a random id in every bucket not updated for ``stale_seconds``, and this
+    peer's own id, so that the routing table learns of peers it has not met yet (hivemind's own
+    ``refresh_timeout`` passes a bare id where a list is expected, in 1.1.12). Returns the table's size."""
+    import random
+
+    from hivemind.dht.routing import DHTID
+    from hivemind.utils import get_dht_time
+
+    table = dht_node.protocol.routing_table
+    threshold = get_dht_time() - stale_seconds
+    queries = [DHTID(random.randint(b.lower, b.upper - 1)) for b in table.buckets if b.last_updated < threshold][:8]
+    await dht_node.find_nearest_nodes(queries + [dht_node.node_id])
+    return len(table.uid_to_peer_id)
 
 
 async def routing_table_size(_dht, dht_node) -> int:

@@ -1,8 +1,9 @@
 """The :class:`~swarmlm.sapo.transports.base.RolloutTransport` of the open swarm, over a hivemind DHT peer of
-this node's own (see the package docstring for the key layout, and the sibling modules for each concern)."""
+this node's own (:mod:`.keys` for the key layout, and the sibling modules for each concern)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -12,15 +13,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from swarmlm.sapo.records import DropCounter
 from swarmlm.sapo.transports.base import Received, RolloutTransport
 from swarmlm.sapo.transports.hivemind import require_hivemind
-from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock, round_key
-from swarmlm.sapo.transports.hivemind.dht_process import dht_class, read_dht_state, rejoin, routing_table_size
+from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock
+from swarmlm.sapo.transports.hivemind.dht_process import (dht_class, fetch_values, read_dht_state, refresh_routing,
+                                                          rejoin, routing_table_size)
 from swarmlm.sapo.transports.hivemind.identity import Identity, sender_peer_id
-from swarmlm.sapo.transports.hivemind.validators import forget_validators, make_validators
+from swarmlm.sapo.transports.hivemind.keys import address_key, message_key
+from swarmlm.sapo.transports.hivemind.validators import MAX_ADDRESS_BYTES, forget_validators, make_validators
 
 log = logging.getLogger(__name__)
 
@@ -69,22 +73,48 @@ class _Counters:
     bootstrap_attempts: int = 0
     rejoin_attempts: int = 0
     routing_table: int = 0
+    kept_bytes: int = 0
+    peers_read: int = 0
+
+
+def _peer_book_addresses(path: Path | None, limit: int = 16) -> list[str]:
+    """Dialable addresses (``…/p2p/<peer id>``) of the peers a node knew last time (its peer book)."""
+    if path is None or not path.is_file():
+        return []
+    try:
+        book = json.loads(path.read_text())
+        entries = sorted(book.get("peers", {}).items(), key=lambda kv: -float(kv[1].get("seen", 0)))
+    except (OSError, ValueError, AttributeError, TypeError):
+        log.warning("peer book %s is unreadable; ignoring it", path)
+        return []
+    out = []
+    for peer, entry in entries[:limit]:
+        for addr in entry.get("addrs", [])[:2]:
+            if isinstance(addr, str) and isinstance(peer, str) and "/p2p/" not in addr:
+                out.append(f"{addr}/p2p/{peer}")
+    return out
 
 
 class HivemindTransport(RolloutTransport):
-    """Each node runs a hivemind DHT peer; see the module docstring for the layout and the rules.
+    """Each node runs a hivemind DHT peer; see :mod:`.keys` for the layout and :mod:`.validators` for the rules.
 
-    ``publish`` stores the round's message and returns without waiting for the store to finish.
-    ``collect(g, timeout)`` reads the keys of rounds ``g - staleness_rounds … g + 1`` and returns every
-    other peer's message it has not returned before (each peer's message at most once). With
-    ``wait_for_peers`` it keeps polling, until the timeout at most, while a peer that published within
-    the staleness window has not yet published anything new and is due to (its last message is less
-    than two of its usual intervals old). A peer that stopped is waited for during two of its
-    intervals at most, one silent for the whole window is forgotten, and with no such peer (a lone
-    node) ``collect`` returns at once.
+    ``publish`` stores the round's message under this node's own key of the round and returns without
+    waiting for the store to finish. ``collect(g, timeout)`` reads, for rounds ``g - staleness_rounds … g + 1``,
+    the keys of at most ``max_peers_per_round`` peers: those heard from within the window first (most recent
+    first), then the other peers of the routing table in a random order. It returns every message it has not
+    returned before (each peer's message of a round at most once, a newer one again), at most ``max_round_bytes``
+    in all (the rest counted as ``round_cap``). An old round's key is read until its message is found, the
+    current and next rounds' on every read. With ``wait_for_peers`` it keeps polling, until the timeout at
+    most, while a peer that published within the staleness window has not yet published anything new and is
+    due to (its last message is less than two of its usual intervals old). A peer that stopped is waited for
+    during two of its intervals at most, one silent for the whole window is forgotten, and with no such peer
+    (a lone node) ``collect`` returns at once.
 
-    Without reachable initial peers the node trains alone: ``publish`` skips, ``collect`` returns
-    nothing, and a background thread retries with exponential back-off until a peer answers.
+    Without reachable initial peers the node trains alone: ``publish`` skips, ``collect`` returns nothing,
+    and a background thread retries with exponential back-off until a peer answers. Every node announces the
+    addresses it listens on under its own key (:func:`.keys.address_key`); the addresses of the peers it
+    hears from are kept in ``peer_book`` (a JSON file), so a restarted node can rejoin through any of them, and
+    a node that lost every neighbour asks them as well as its initial peers.
     """
 
     future_rounds = FUTURE_ROUNDS
@@ -92,8 +122,9 @@ class HivemindTransport(RolloutTransport):
     def __init__(self, identity: Identity, *, run: str, clock: RoundClock, staleness_rounds: int,
                  initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
                  announce_maddrs: Sequence[str] = (), max_value_bytes: int = 2_000_000, max_peers_per_round: int = 256,
-                 poll_interval: float = 0.5, wait_for_peers: bool = False, startup_timeout: float = 60.0,
-                 retry_initial: float = 2.0, retry_max: float = 60.0,
+                 max_round_bytes: int = 16_000_000, dht_round_bytes: int = 32_000_000, poll_interval: float = 0.5,
+                 wait_for_peers: bool = False, startup_timeout: float = 60.0, retry_initial: float = 2.0,
+                 retry_max: float = 60.0, peer_book: str | Path | None = None,
                  on_connected: Callable[[str, list[str]], None] | None = None, dht_options: dict | None = None):
         require_hivemind()
         self.identity = identity
@@ -103,24 +134,33 @@ class HivemindTransport(RolloutTransport):
         self.host_maddrs = check_multiaddrs(host_maddrs, need_peer_id=False, what="host address")
         self.announce_maddrs = check_multiaddrs(announce_maddrs, need_peer_id=False, what="announce address")
         self.max_value_bytes, self.max_peers_per_round = max_value_bytes, max_peers_per_round
+        self.max_round_bytes = max_round_bytes
         self.poll_interval, self.wait_for_peers = poll_interval, wait_for_peers
         self.startup_timeout, self.retry_initial, self.retry_max = startup_timeout, retry_initial, retry_max
+        self.peer_book = Path(peer_book) if peer_book is not None else None
         self.on_connected = on_connected
-        self.dht_options = dict(dht_options or {})
+        # values found are not cached (every read asks for the latest)
+        self.dht_options = {"cache_locally": False, "cache_on_store": False, **(dht_options or {})}
+        # routing buckets are refreshed this often, so that a node keeps finding peers (and is found) after the
+        # one it joined through has left
+        self.refresh_seconds = max(10.0, 2 * clock.round_length)
+        self._next_refresh = 0.0
         self.ttl = (staleness_rounds + 2) * clock.round_length
         self.max_ttl = 2 * self.ttl + 60.0
         #: where refusals and bad messages are counted; the volunteer process points this at its node's counter
         self.drops = DropCounter()
+        #: the peers whose records this node accepted recently; the volunteer points this at its node's standing
+        self.trusted: Callable[[], list[str]] = lambda: sorted(self._live)
         self.counters = _Counters()
         self._token = f"{identity.peer_id}-{os.getpid()}-{id(self)}"
         self._validators = make_validators(identity, run, clock, back_rounds=staleness_rounds + 2,
-                                           max_value_bytes=max_value_bytes, max_ttl=self.max_ttl, token=self._token)
-        self._seen: dict[int, dict[str, float]] = {}  # round -> sender -> newest expiration returned
-        self._flooded: dict[int, set[str]] = {}  # round -> senders refused for the per-round cap
-        self._overflow: dict[int, int] = {}  # round -> entries beyond what is even looked at
+                                           max_value_bytes=max_value_bytes, max_ttl=self.max_ttl,
+                                           round_bytes=dht_round_bytes, token=self._token)
+        self._seen: dict[tuple[int, str], float] = {}  # (round, sender) -> newest expiration returned
         self._live: dict[str, int] = {}  # sender -> newest round it published in (within the window)
         self._last_new: dict[str, float] = {}  # sender -> when its newest message was first seen (monotonic)
         self._interval: dict[str, float] = {}  # sender -> running mean of the time between its messages
+        self._routing: list[str] = []  # peer ids of the routing table, as last read
         self._peers_seen: set[str] = set()
         self._pending_stores: list[Any] = []
         self._dht = None
@@ -129,10 +169,13 @@ class HivemindTransport(RolloutTransport):
         self._retry_thread: threading.Thread | None = None
         self._last_io = self._last_wait = 0.0  # the last collect: seconds reading the DHT, seconds waiting for peers
         self._next_rejoin, self._rejoin_delay = 0.0, 0.0
+        self._collects = 0
+        self._maddrs: list[str] = []
+        self._next_announce = 0.0
         try:
             dht = self._create_dht()
         except BootstrapError as err:
-            if not self.initial_peers:
+            if not self._bootstrap_peers():
                 raise
             log.error("could not join the swarm: %s. Training alone meanwhile; retrying in %gs.", err, retry_initial)
             self._retry_thread = threading.Thread(target=self._retry_loop, daemon=True, name="swarmlm-dht-retry")
@@ -141,10 +184,19 @@ class HivemindTransport(RolloutTransport):
             self._connected(dht)
 
     # ------------------------------------------------------------------ DHT life cycle
+    def _bootstrap_peers(self) -> list[str]:
+        """The initial peers, then the peers of the peer book (dialable addresses, no duplicates)."""
+        out = list(self.initial_peers)
+        for addr in _peer_book_addresses(self.peer_book):
+            if addr not in out and not addr.endswith(f"/p2p/{self.node_id}"):
+                out.append(addr)
+        return out
+
     def _create_dht(self):
         self.counters.bootstrap_attempts += 1
+        peers = self._bootstrap_peers()
         dht = dht_class()(
-            initial_peers=self.initial_peers or None, start=False, identity_path=str(self.identity.path),
+            initial_peers=peers or None, start=False, identity_path=str(self.identity.path),
             host_maddrs=self.host_maddrs, announce_maddrs=self.announce_maddrs or None,
             record_validators=self._validators, **self.dht_options)
         try:
@@ -158,7 +210,7 @@ class HivemindTransport(RolloutTransport):
                 dht.terminate()
             if isinstance(err, KeyboardInterrupt):
                 raise
-            raise BootstrapError(_explain(err, self.initial_peers)) from err
+            raise BootstrapError(_explain(err, peers)) from err
         return dht
 
     def _connected(self, dht) -> None:
@@ -171,6 +223,7 @@ class HivemindTransport(RolloutTransport):
             maddrs = [str(m) for m in dht.get_visible_maddrs()]
         except Exception:  # a peer with no public address still works as a client
             maddrs = []
+        self._maddrs = [m.split("/p2p/")[0] for m in maddrs][:8]
         log.info("DHT peer %s up; addresses: %s", self.node_id, " ".join(maddrs) or "(none)")
         if self.on_connected is not None:
             self.on_connected(self.node_id, maddrs)
@@ -212,6 +265,7 @@ class HivemindTransport(RolloutTransport):
         with self._lock:
             dht, self._dht = self._dht, None
         if dht is not None:
+            self._write_peer_book(dht)
             try:
                 dht.shutdown()
             except Exception as err:  # pragma: no cover
@@ -230,9 +284,16 @@ class HivemindTransport(RolloutTransport):
             return
         from hivemind.utils import get_dht_time
 
-        self._pending_stores.append(dht.store(round_key(self.run, round), payload, get_dht_time() + self.ttl,
-                                              subkey=self.identity.owner_subkey, return_future=True))
+        self._pending_stores.append(dht.store(message_key(self.run, round, self.node_id), payload,
+                                              get_dht_time() + self.ttl, subkey=self.identity.owner_subkey,
+                                              return_future=True))
         self.counters.published += 1
+        if self._maddrs and time.monotonic() >= self._next_announce:
+            self._next_announce = time.monotonic() + self.max_ttl / 2
+            addresses = json.dumps(self._maddrs).encode()[:MAX_ADDRESS_BYTES]
+            self._pending_stores.append(dht.store(address_key(self.run, self.node_id), addresses,
+                                                  get_dht_time() + self.max_ttl - 5, subkey=self.identity.owner_subkey,
+                                                  return_future=True))
 
     def collect(self, round: int, timeout: float) -> list[Received]:
         started = time.monotonic()
@@ -244,12 +305,15 @@ class HivemindTransport(RolloutTransport):
             return []
         self._absorb_dht_state(dht, deadline)
         first = round - self.staleness_rounds
-        rounds = range(first, round + self.future_rounds + 1)
         self._forget_before(first)
+        rounds = range(first, round + self.future_rounds + 1)
+        peers = self._read_order(first)
+        self.counters.peers_read = len(peers)
         heard: set[str] = set()
         out: list[Received] = []
+        budget = [self.max_round_bytes]
         while True:
-            out.extend(self._poll(dht, rounds, deadline, heard))
+            out.extend(self._poll(dht, peers, rounds, round, deadline, heard, budget))
             if not self.wait_for_peers:
                 break
             now = time.monotonic()
@@ -259,12 +323,19 @@ class HivemindTransport(RolloutTransport):
             time.sleep(self.poll_interval)
             self._last_wait += self.poll_interval
         self._last_io = time.monotonic() - started - self._last_wait
+        self._collects += 1
+        if self._collects % 20 == 1:
+            self._write_peer_book(dht)
+        if time.monotonic() >= self._next_refresh:  # in the background: the answer is not awaited
+            self._next_refresh = time.monotonic() + self.refresh_seconds
+            dht.run_coroutine(partial(refresh_routing, stale_seconds=self.refresh_seconds), return_future=True)
         return out
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
         return {"dht_io_seconds": self._last_io, "dht_wait_seconds": self._last_wait, "dht_live_peers": len(self._live),
                 "dht_connected": self.connected, "peers_seen": len(self._peers_seen), "dht_routing_table": c.routing_table,
+                "dht_peers_read": c.peers_read, "dht_kept_bytes": c.kept_bytes,
                 "dht_published": c.published, "dht_publish_skipped": c.publish_skipped,
                 "dht_publish_failures": c.publish_failures, "dht_get_timeouts": c.get_timeouts,
                 "dht_rejected": c.dht_rejected, "dht_bootstrap_attempts": c.bootstrap_attempts,
@@ -286,37 +357,87 @@ class HivemindTransport(RolloutTransport):
         self._pending_stores = still[-64:]
 
     def _absorb_dht_state(self, dht, deadline: float) -> None:
-        """Move the DHT's refusals into the node's drop counter; refresh the routing-table size."""
+        """Hand the DHT the peers this node trusts; move its refusals into the node's drop counter; refresh
+        the routing table's peers."""
         try:
-            fut = dht.run_coroutine(partial(read_dht_state, token=self._token), return_future=True)
-            counts, table = fut.result(timeout=max(0.05, min(2.0, deadline - time.monotonic())))
+            trusted = list(self.trusted())[:4096]
+            fut = dht.run_coroutine(partial(read_dht_state, token=self._token, trusted=trusted,
+                                            max_peers=4 * self.max_peers_per_round), return_future=True)
+            counts, routing, kept = fut.result(timeout=max(0.05, min(2.0, deadline - time.monotonic())))
         except Exception as err:
-            log.debug("could not read the DHT's counters: %s", err)
+            log.debug("could not read the DHT's state: %s", err)
             return
-        self.counters.routing_table = table
-        if table > 0:
+        self._routing = [p for p in routing if p != self.node_id]
+        self.counters.routing_table, self.counters.kept_bytes = len(routing), kept
+        if routing:
             self._rejoin_delay = 0.0
-        elif self.initial_peers:
+        elif self._bootstrap_peers():
             self._maybe_rejoin(dht)
         for reason, n in counts.items():
             self.drops.counts[reason] += n
             self.counters.dht_rejected += n
             log.warning("the DHT refused %d record(s) from peers: %s", n, reason)
 
+    def _read_order(self, first: int) -> list[str]:
+        """Whose keys to read: peers heard within the window (most recent first), then the routing table's
+        other peers in a random order; at most ``max_peers_per_round``."""
+        live = sorted((p for p, r in self._live.items() if r >= first), key=lambda p: -self._last_new.get(p, 0.0))
+        others = [p for p in self._routing if p not in self._live]
+        random.shuffle(others)
+        return (live + others)[: self.max_peers_per_round]
+
     def _maybe_rejoin(self, dht) -> None:
-        """Every neighbour is gone (they left, or the bootstrap peer restarted): ask the initial peers again,
-        without waiting for the answer, at most once per back-off period."""
+        """Every neighbour is gone (they left, or the bootstrap peer restarted): ask the initial peers and the
+        peer book's peers again, without waiting for the answer, at most once per back-off period."""
         now = time.monotonic()
         if now < self._next_rejoin:
             return
         self._rejoin_delay = min(self._rejoin_delay * 2, self.retry_max) if self._rejoin_delay else self.retry_initial
         self._next_rejoin = now + self._rejoin_delay
-        log.warning("this peer knows no other peer; asking the initial peers again (next try in %gs)", self._rejoin_delay)
+        log.warning("this peer knows no other peer; asking its known peers again (next try in %gs)", self._rejoin_delay)
         from hivemind.utils.multiaddr import Multiaddr
 
-        peer_ids = [Multiaddr(a)["p2p"] for a in self.initial_peers]
+        peer_ids = sorted({Multiaddr(a)["p2p"] for a in self._bootstrap_peers()} - {self.node_id})
         dht.run_coroutine(partial(rejoin, peer_ids=peer_ids), return_future=True)
         self.counters.rejoin_attempts += 1
+
+    def _write_peer_book(self, dht) -> None:
+        """Remember where the peers heard from recently listen (the addresses they announce under their own
+        keys), merged with the old book; the most recently seen 256 are kept."""
+        if self.peer_book is None:
+            return
+        peers = sorted(self._live, key=lambda p: -self._last_new.get(p, 0.0))[:64]
+        keys = {address_key(self.run, p): p for p in peers}
+        try:
+            found = dht.run_coroutine(partial(fetch_values, keys=list(keys), timeout=2.0),
+                                      return_future=True).result(timeout=4.0) if keys else {}
+        except Exception as err:
+            log.debug("could not read peers' addresses: %s", err)
+            found = {}
+        try:
+            book = json.loads(self.peer_book.read_text()) if self.peer_book.is_file() else {}
+            known = book.get("peers", {}) if isinstance(book, dict) else {}
+        except (OSError, ValueError):
+            known = {}
+        now = time.time()
+        for key, entries in found.items():
+            peer = keys[key]
+            for sub, (value, _) in entries.items():
+                if sender_peer_id(sub) != peer:
+                    continue
+                try:
+                    addrs = check_multiaddrs(json.loads(value)[:8], need_peer_id=False, what="address")
+                except (ValueError, TypeError, AttributeError):
+                    continue
+                if addrs:
+                    known[peer] = {"addrs": addrs, "seen": now}
+        keep = dict(sorted(known.items(), key=lambda kv: -float(kv[1].get("seen", 0)))[:256])
+        tmp = self.peer_book.with_name(self.peer_book.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"run": self.run, "peers": keep}, indent=1))
+            os.replace(tmp, self.peer_book)
+        except OSError as err:
+            log.warning("could not write the peer book %s: %s", self.peer_book, err)
 
     def _due(self, peer: str, now: float) -> bool:
         """Whether ``peer`` is expected to publish soon: its last new message is less than two of its usual
@@ -335,71 +456,53 @@ class HivemindTransport(RolloutTransport):
         self._last_new[peer] = now
 
     def _forget_before(self, first: int) -> None:
-        for table in (self._seen, self._flooded, self._overflow):
-            for r in [r for r in table if r < first - 1]:
-                del table[r]
+        for key in [k for k in self._seen if k[0] < first - 1]:
+            del self._seen[key]
         for p in [p for p, r in self._live.items() if r < first]:
             del self._live[p]
             self._last_new.pop(p, None)
             self._interval.pop(p, None)
 
-    def _poll(self, dht, rounds: range, deadline: float, heard: set[str]) -> list[Received]:
-        futures = [(r, dht.get(round_key(self.run, r), latest=True, return_future=True)) for r in rounds]
+    def _poll(self, dht, peers: list[str], rounds: range, round: int, deadline: float, heard: set[str],
+              budget: list[int]) -> list[Received]:
+        wanted = {message_key(self.run, r, p): (r, p) for p in peers for r in rounds
+                  if r >= round or (r, p) not in self._seen}  # an old round's message is read once
+        if not wanted:
+            return []
+        try:
+            fut = dht.run_coroutine(partial(fetch_values, keys=list(wanted),
+                                            timeout=max(0.05, deadline - time.monotonic() - 0.05)), return_future=True)
+            found = fut.result(timeout=max(0.1, deadline - time.monotonic() + 1.0))
+        except Exception as err:
+            self.counters.get_timeouts += 1
+            log.debug("DHT reads failed: %s", err)
+            return []
         out: list[Received] = []
-        for r, fut in futures:
-            try:
-                found = fut.result(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception as err:
-                fut.cancel()
-                if "Timeout" in type(err).__name__:
-                    self.counters.get_timeouts += 1
-                else:
-                    log.debug("DHT get of round %d failed: %s", r, err)
+        position = {p: i for i, p in enumerate(peers)}
+        for key, (r, peer) in sorted(wanted.items(), key=lambda kv: (-kv[1][0], position[kv[1][1]])):
+            entries = found.get(key)
+            if not entries:
                 continue
-            if found is None:
+            # honest peers' validators keep nothing under a peer's key that the peer did not sign
+            item = next(((v, e) for sub, (v, e) in entries.items() if sender_peer_id(sub) == peer), None)
+            if item is None:
                 continue
-            entries = found.value
-            if not isinstance(entries, dict):  # a plain value: the DHT's validator should have refused it
-                self.drops.drop("unsigned", "?", f"round {r} holds a plain value")
+            value, expiration = item
+            if self._seen.get((r, peer), -math.inf) >= expiration:
+                self._live[peer] = max(r, self._live.get(peer, r))
+                continue  # returned before
+            if not isinstance(value, (bytes, bytearray)):
+                self.drops.drop("bad_message", peer, f"payload is {type(value).__name__}")
                 continue
-            items = list(entries.items())
-            seen = self._seen.setdefault(r, {})
-            flooded = self._flooded.setdefault(r, set())
-            cap = self.max_peers_per_round
-            if len(items) > cap:  # more peers than a round may hold: a Sybil flood, or a very large swarm
-                random.shuffle(items)
-                overflow = max(0, len(items) - 8 * cap)
-                if overflow > self._overflow.get(r, 0):  # not even looked at; counted once per round
-                    self.drops.counts["flood"] += overflow - self._overflow.get(r, 0)
-                    self._overflow[r] = overflow
-                    log.warning("round %d holds %d peers' records; ignoring %d unread", r, len(items), overflow)
-                items = items[: 8 * cap]
-                # peers already heard from within the window come first, so a burst of new identities cannot crowd them out
-                items.sort(key=lambda kv: sender_peer_id(kv[0]) not in self._live)
-            for subkey, item in items:
-                sender = sender_peer_id(subkey)
-                if sender is None:
-                    self.drops.drop("unsigned", "?", "subkey without an owner key")
-                    continue
-                if sender == self.node_id:
-                    continue
-                expiration = float(item.expiration_time)
-                if seen.get(sender, -math.inf) >= expiration:
-                    self._live[sender] = max(r, self._live.get(sender, r))
-                    continue  # returned before
-                if sender not in seen and len(seen) >= cap:
-                    if sender not in flooded:  # each refused peer counted once per round
-                        flooded.add(sender)
-                        self.drops.drop("flood", sender, f"more than {cap} peers in round {r}")
-                    continue
-                seen[sender] = expiration
-                self._live[sender] = max(r, self._live.get(sender, r))
-                self._heard_new(sender)
-                if len(self._peers_seen) < 100_000:
-                    self._peers_seen.add(sender)
-                if not isinstance(item.value, (bytes, bytearray)):
-                    self.drops.drop("bad_message", sender, f"payload is {type(item.value).__name__}")
-                    continue
-                out.append(Received(sender, r, bytes(item.value)))
-                heard.add(sender)
+            if len(value) > budget[0]:
+                self.drops.drop("round_cap", peer, f"over {self.max_round_bytes} bytes read this round")
+                continue
+            budget[0] -= len(value)
+            self._seen[(r, peer)] = expiration
+            self._live[peer] = max(r, self._live.get(peer, r))
+            self._heard_new(peer)
+            if len(self._peers_seen) < 100_000:
+                self._peers_seen.add(peer)
+            out.append(Received(peer, r, bytes(value)))
+            heard.add(peer)
         return out
