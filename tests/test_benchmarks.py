@@ -168,3 +168,19 @@ def test_soak_fails_on_a_real_leak(soak, tmp_path, monkeypatch, capsys):
     assert result["rss"]["slope_mb_per_round"] == pytest.approx(12, rel=0.3)
     for held in kept:
         held.close()
+
+
+# ----------------------------------------------------------------------------- swarm flood
+@pytest.mark.slow
+def test_swarm_flood_benchmark_runs(tmp_path, monkeypatch):
+    pytest.importorskip("hivemind")
+    flood = _load("swarm_flood")
+    out = tmp_path / "flood.json"
+    monkeypatch.setattr(sys, "argv", ["swarm_flood.py", "--rounds", "2", "--round-length", "2", "--sybils", "3",
+                                      "--message-bytes", "20000", "--alice-bytes", "5000",
+                                      "--dht-round-bytes", "1000000", "--out", str(out)])
+    flood.main()
+    result = json.loads(out.read_text())
+    assert result["rounds"] == 2 and len(result["per_round"]) == 2
+    assert result["bob_dht_rss_mb_peak"] >= result["bob_dht_rss_mb_start"] > 0
+    assert 0 <= result["alice_read_rounds"] <= 2 and result["drops"]

@@ -32,7 +32,8 @@ from swarmlm.runtime.checkpoints import latest_checkpoint  # noqa: E402
 from swarmlm.runtime.metrics import read_jsonl  # noqa: E402
 from swarmlm.sapo.transports.hivemind.clock import RoundClock  # noqa: E402
 from swarmlm.sapo.transports.hivemind.identity import load_identity  # noqa: E402
-from tests.sapo.swarm_hostile import EXPECTED_REASON, HostilePeer  # noqa: E402
+from swarmlm.tasks import TASK_PRESETS, TaskConfig  # noqa: E402
+from tests.sapo.swarm_hostile import DHT_KINDS, MESSAGE_KINDS, RECORD_KINDS, HostilePeer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -262,53 +263,86 @@ def test_heterogeneous_presets_share_and_train(churn):
     assert all(r["loss"] is not None for r in rows["d"])
 
 
+# families whose reasoning-gym scorer evaluates text (the honest nodes score them for peers) and one whose
+# regeneration overruns the honest nodes' CPU limit (tower_of_hanoi with 20 disks: ~0.6 s of CPU an item, against
+# 0.3 s allowed; the others take under 1 ms)
+CANARY_FAMILIES = [{"name": n} for n in ("binary_matrix", "spiral_matrix", "number_sorting", "string_insertion", "n_queens")]
+SLOW = {"name": "tower_of_hanoi", "config": {"min_disks": 20, "max_disks": 20}}
+HOSTILE_ROUND, HOSTILE_STALENESS = 3.0, 5  # the hostile test's global round (seconds) and window (rounds)
+
+
 def test_hostile_peer_cannot_stop_honest_nodes(tmp_path):
+    """Two honest nodes and a hostile DHT peer that tries every class of attack every round (see swarm_hostile.py):
+    code-execution canaries in every field and family, poisoned answers, scored text that differs from trained
+    text, rebuilt control tokens, invalid Unicode, slow-scorer records, a Sybil flood, writes into the honest
+    peers' keys and future rounds, plagiarism and replays. Each class is counted under its reason at both
+    honest nodes; nothing crashes, nothing executes, the flood stays within the DHT's budget, and each honest
+    node keeps training on the other's records in the same rounds."""
     run = f"hostile-{uuid.uuid4().hex[:8]}"
     limit = 65_536
-    common = ["--model.warmstart", "never", "--sharing.limits.max-message-bytes", str(limit), "--swarm.start-peers", "1"]
+    allow = json.dumps(CANARY_FAMILIES + [SLOW])
+    common = ["--model.warmstart", "never", "--sharing.limits.max-message-bytes", str(limit), "--swarm.start-peers", "1",
+              "--tasks.allow-families", allow, "--tasks.verifier.generate-cpu-seconds", "0.3",
+              "--swarm.dht-round-bytes", "1000000",
+              "--generation.max-new-tokens", "160",  # room for a whole canary in an answer, as trained
+              # steps under attack take seconds on two shared cores: a window longer than a step, so that no
+              # honest record ages out of it between two steps of its reader
+              "--swarm.round-length", str(HOSTILE_ROUND), "--sharing.staleness-rounds", str(HOSTILE_STALENESS)]
     honest = [Node(tmp_path / "h0", run, *common), Node(tmp_path / "h1", run, "--model.name", "tiny-llama", *common)]
     hostile = None
+    tasks = TaskConfig(families=[f.model_dump() for f in TASK_PRESETS["easy"]] + CANARY_FAMILIES + [SLOW])
     try:
         honest[0].start()
         wait_for(lambda: honest[0].peer() is not None, 180, "the first honest node's address", honest[:1])
         honest[1].start(honest[0].peer()["maddrs"])
-        wait_for(lambda: honest[1].peer() is not None and len(honest[0].rows()) >= 1, 180, "both honest nodes up", honest)
+        wait_for(lambda: honest[1].peer() is not None and all(len(n.rows()) >= 1 for n in honest), 180,
+                 "both honest nodes up", honest)
         addresses = honest[0].peer()["maddrs"] + honest[1].peer()["maddrs"]
         victim = load_identity(honest[0].out / "identity.key")
-        hostile = HostilePeer(tmp_path / "hostile", run=run, clock=RoundClock(ROUND_LENGTH), initial_peers=addresses,
-                              max_message_bytes=limit)
-        wanted = set(EXPECTED_REASON.values())
+        clock = RoundClock(HOSTILE_ROUND)
+        hostile = HostilePeer(tmp_path / "hostile", run=run, clock=clock, initial_peers=addresses,
+                              max_message_bytes=limit, tasks=tasks, slow_family="tower_of_hanoi", sybils=12,
+                              max_new_tokens=160)
+        wanted = (set(MESSAGE_KINDS.values()) | {r for r in RECORD_KINDS.values() if r} | set(DHT_KINDS.values()))
         start_rows = [len(n.rows()) for n in honest]
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while True:
-            hostile.attack(victim_id=victim.peer_id, victim_subkey=victim.owner_subkey)
+            g = clock.now()
+            hostile.publish_round(victim_id=victim.peer_id, victim_subkey=victim.owner_subkey)
             drops = [(n.rows() or [{}])[-1].get("drops", {}) for n in honest]
-            progressed = all(len(n.rows()) >= s + 5 for n, s in zip(honest, start_rows))
-            if progressed and all(wanted <= set(d) for d in drops):
+            progressed = all(len(n.rows()) >= s + 8 for n, s in zip(honest, start_rows))
+            if progressed and hostile.rounds_published >= 2 * len(MESSAGE_KINDS) and all(wanted <= set(d) for d in drops):
                 break
             for n in honest:
                 assert n.alive(), f"{n.out.name} died under attack:\n{n.log()[-3000:]}"
             assert time.monotonic() < deadline, f"missing drop reasons: {[sorted(wanted - set(d)) for d in drops]}"
-            time.sleep(1.0)
+            while clock.now() == g:
+                time.sleep(0.1)
     finally:
         if hostile is not None:
             hostile.close()
         stop(honest)
-    hostile_ids = {ident.peer_id for ident in hostile.ids.values()}
-    for n in honest:
+    assert not hostile.canary.exists(), "a canary payload ran"
+    for n, start in zip(honest, start_rows):
         rows = n.rows()
         assert n.proc.returncode == 130, n.log()[-3000:]  # stopped by us, not crashed
         assert all(r["loss"] is not None for r in rows)  # kept training every step
         last = rows[-1]["drops"]
-        for kind, reason in EXPECTED_REASON.items():
-            assert last.get(reason, 0) > 0, (n.out.name, kind, reason, last)
-        assert sum(r["records_dropped"] for r in rows) > 0
-        # nothing from the hostile peer ever made it into a training pool; the honest peers' records did
-        pool = sources(rows, "accepted_sources")
-        assert not pool & hostile_ids
-        other = honest[1] if n is honest[0] else honest[0]
-        assert pool == {other.peer()["peer_id"]}
+        for kind, reason in {**MESSAGE_KINDS, **RECORD_KINDS, **DHT_KINDS}.items():
+            if reason:
+                assert last.get(reason, 0) > 0, (n.out.name, kind, reason, last)
         assert "Traceback" not in n.log()
+        # the honest peer's records were still taken in: nearly every record it published under attack (but its
+        # last step's, which may not have been read yet) was accepted, never crowded out
+        peer_node = honest[1] if n is honest[0] else honest[0]
+        other = peer_node.peer()["peer_id"]
+        other_start = start_rows[honest.index(peer_node)]
+        published = 2 * max(0, len(peer_node.rows()) - other_start - 2)  # I = 2 records a step
+        accepted = sum((r.get("accepted_sources") or {}).get(other, 0) for r in rows[start:])
+        assert accepted >= 0.8 * published, (n.out.name, accepted, published)
+        # the flood: this node's DHT kept at most its budget for each round of the window
+        window = HOSTILE_STALENESS + 2 + 1
+        assert max(r.get("dht_kept_bytes", 0) for r in rows) <= window * 1_000_000 + limit
 
 
 def test_swarm_command_runs_nodes_and_summarises(tmp_path):

@@ -25,7 +25,7 @@ from swarmlm.sapo.transports.hivemind.identity import load_identity, owner_publi
 from swarmlm.sapo.transports.hivemind.keys import message_key  # noqa: E402
 from swarmlm.sapo.transports.hivemind.transport import HivemindTransport, check_multiaddrs  # noqa: E402
 from swarmlm.tasks import TaskConfig  # noqa: E402
-from tests.sapo.swarm_hostile import DHT_KINDS, HostilePeer  # noqa: E402
+from tests.sapo.swarm_hostile import DHT_KINDS, HostilePeer, child_pids, process_tree_rss_mb  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -146,28 +146,6 @@ def test_dht_refuses_forged_and_hostile_writes(tmp_path):
             t.close()
 
 
-def _rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and every process under it (a DHT process and its p2p daemon), in MB."""
-    total = 0
-    for p in [pid, *_descendants(pid)]:
-        try:
-            for line in (Path("/proc") / str(p) / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return total / 1024
-
-
-def _descendants(pid: int) -> list[int]:
-    out, frontier = [], [pid]
-    while frontier:
-        children = [c for p in frontier for c in _children(p)]
-        out += children
-        frontier = children
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 def test_a_sybil_flood_is_bounded_and_crowds_nobody_out(tmp_path):
     """24 Sybil identities publish the largest message allowed every round. The honest DHT keeps at most its
@@ -183,7 +161,7 @@ def test_a_sybil_flood_is_bounded_and_crowds_nobody_out(tmp_path):
                           max_message_bytes=big, tasks=TaskConfig(), sybils=24)
     try:
         dht_pid = bob._dht.pid
-        before = _rss_mb(dht_pid)
+        before = process_tree_rss_mb(dht_pid)
         heard, rounds, peak = set(), [], before
         deadline = time.monotonic() + 150
         while len(rounds) < 10 and time.monotonic() < deadline:
@@ -197,7 +175,7 @@ def test_a_sybil_flood_is_bounded_and_crowds_nobody_out(tmp_path):
                 got += bob.collect(g, timeout=0.5)
             heard.update(m.round for m in got if m.sender == alice.node_id and m.payload == payload)
             rounds.append(g)
-            peak = max(peak, _rss_mb(dht_pid))
+            peak = max(peak, process_tree_rss_mb(dht_pid))
             while clock.now() == g and time.monotonic() < deadline:
                 time.sleep(0.1)
         assert len(rounds) >= 8, "too few rounds ran"
@@ -256,17 +234,6 @@ def test_unreachable_bootstrap_trains_alone_then_joins(tmp_path, caplog):
             peer.close()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -296,8 +263,8 @@ def test_dht_and_p2p_daemon_die_with_a_killed_node(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        dht = _children(proc.pid)
-        daemons = [p for d in dht for p in _children(d)]
+        dht = child_pids(proc.pid)
+        daemons = [p for d in dht for p in child_pids(d)]
         assert dht and daemons, "expected a DHT process with a p2p daemon under the node"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

@@ -170,28 +170,29 @@ def _validator_classes() -> dict[str, type]:
                 return self.reject("foreign_key", record)
             if rnd > now_round + FUTURE_ROUNDS:
                 return self.reject("future_round", record)
-            try:
-                value = DHTProtocol.serializer.loads(record.value)
-            except Exception:
-                return self.reject("bad_message", record)
-            if not isinstance(value, bytes):
-                return self.reject("bad_message", record)
-            if len(value) > self.max_value_bytes:
-                return self.reject("oversized_message", record)
-            if not self.budget.admit(rnd, peer, len(value)):
+            size = self._value_size(record, self.max_value_bytes)
+            if size is None:
+                return False
+            if not self.budget.admit(rnd, peer, size):
                 return self.reject("dht_full", record)
             return True
 
         def _valid_addresses(self, record) -> bool:
+            return self._value_size(record, MAX_ADDRESS_BYTES) is not None
+
+        def _value_size(self, record, limit: int) -> int | None:
+            """The size of the record's value when it is bytes of at most ``limit``; else refused (None)."""
             try:
                 value = DHTProtocol.serializer.loads(record.value)
             except Exception:
-                return self.reject("bad_message", record)
+                value = None
             if not isinstance(value, bytes):
-                return self.reject("bad_message", record)
-            if len(value) > MAX_ADDRESS_BYTES:
-                return self.reject("oversized_message", record)
-            return True
+                self.reject("bad_message", record)
+                return None
+            if len(value) > limit:
+                self.reject("oversized_message", record)
+                return None
+            return len(value)
 
         def take_counts(self) -> dict[str, int]:
             out, self.counts = dict(self.counts), Counter()

@@ -1,0 +1,105 @@
+"""A Sybil flood against two honest DHT peers on loopback: memory of the honest DHT process, and whether the honest
+peer's message is still read in every round.
+
+    python benchmarks/swarm_flood.py --out docs/results/swarm_flood.json
+
+Alice and Bob are honest :class:`~swarmlm.sapo.transports.hivemind.transport.HivemindTransport` peers. A hostile
+DHT peer (``tests/sapo/swarm_hostile.py``) holds ``--sybils`` identities, each publishing a message of
+``--message-bytes`` every round under its own key, and writes into Alice's next-round key. Every round Alice
+publishes a message of ``--alice-bytes`` and Bob reads the round. Reported per round: whether Bob read Alice's
+message, the resident memory of Bob's DHT process and its p2p daemon, the bytes Bob's storage budget keeps, and
+Bob's refusals by reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tests.sapo.swarm_hostile
+
+from swarmlm.sapo.records import DropCounter  # noqa: E402
+from swarmlm.sapo.transports.hivemind.clock import RoundClock  # noqa: E402
+from swarmlm.sapo.transports.hivemind.identity import load_identity  # noqa: E402
+from swarmlm.sapo.transports.hivemind.transport import HivemindTransport  # noqa: E402
+from swarmlm.tasks import TaskConfig  # noqa: E402
+from tests.sapo.swarm_hostile import HostilePeer, process_tree_rss_mb  # noqa: E402
+
+
+def run(args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="swarm-flood-"))
+    clock = RoundClock(round_length=args.round_length)
+    addresses: list[str] = []
+
+    def peer(name: str, **kw) -> HivemindTransport:
+        return HivemindTransport(load_identity(work / f"{name}.key"), run="flood", clock=clock, staleness_rounds=2,
+                                 host_maddrs=["/ip4/127.0.0.1/tcp/0"], max_value_bytes=args.message_bytes,
+                                 dht_round_bytes=args.dht_round_bytes, poll_interval=0.1,
+                                 on_connected=lambda p, m: addresses.extend(m), **kw)
+
+    alice = peer("alice")
+    bob = peer("bob", initial_peers=list(addresses))
+    bob.drops = DropCounter()
+    hostile = HostilePeer(work / "hostile", run="flood", clock=clock, initial_peers=list(addresses),
+                          max_message_bytes=args.message_bytes, tasks=TaskConfig(), sybils=args.sybils)
+    rows = []
+    try:
+        pid = bob._dht.pid
+        start_rss = process_tree_rss_mb(pid)
+        for _ in range(args.rounds):
+            g = clock.now()
+            payload = f"alice {g} ".encode() * (args.alice_bytes // 12)
+            alice.publish(g, payload)
+            hostile.publish_round(victim_id=alice.node_id, victim_subkey=alice.identity.owner_subkey)
+            got, until = [], time.monotonic() + 0.8 * args.round_length
+            while time.monotonic() < until and not any(m.sender == alice.node_id and m.round == g for m in got):
+                got += bob.collect(g, timeout=0.5)
+            rows.append({"round": g, "alice_read": any(m.sender == alice.node_id and m.payload == payload for m in got),
+                         "bob_dht_rss_mb": round(process_tree_rss_mb(pid), 1), "bob_dht_kept_bytes": bob.stats()["dht_kept_bytes"],
+                         "senders_read": sorted({m.sender[-6:] for m in got})})
+            print(json.dumps(rows[-1]), flush=True)
+            while clock.now() == g:
+                time.sleep(0.05)
+    finally:
+        hostile.close()
+        alice.close()
+        bob.close()
+    flood_per_round = args.sybils * args.message_bytes
+    return {
+        "command": "python benchmarks/swarm_flood.py " + " ".join(sys.argv[1:]),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"flood_bytes_per_round": flood_per_round},
+        "bob_dht_rss_mb_start": round(start_rss, 1),
+        "bob_dht_rss_mb_peak": max(r["bob_dht_rss_mb"] for r in rows),
+        "bob_dht_kept_bytes_peak": max(r["bob_dht_kept_bytes"] for r in rows),
+        "alice_read_rounds": sum(r["alice_read"] for r in rows),
+        "rounds": len(rows),
+        "drops": dict(bob.drops.counts),
+        "per_round": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--round-length", type=float, default=3.0)
+    parser.add_argument("--sybils", type=int, default=24)
+    parser.add_argument("--message-bytes", type=int, default=1_000_000, help="each Sybil's message (and the size cap)")
+    parser.add_argument("--alice-bytes", type=int, default=200_000)
+    parser.add_argument("--dht-round-bytes", type=int, default=4_000_000, help="the honest peers' storage budget per round")
+    parser.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
+    args = parser.parse_args()
+    result = run(args)
+    print(f"Bob's DHT process: {result['bob_dht_rss_mb_start']} MB at the start, {result['bob_dht_rss_mb_peak']} MB at "
+          f"the peak, under {result['settings']['flood_bytes_per_round'] / 1e6:.0f} MB of Sybil messages a round; "
+          f"Alice's message read in {result['alice_read_rounds']} of {result['rounds']} rounds; drops {result['drops']}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
