@@ -139,15 +139,24 @@ async def routing_table_size(_dht, dht_node) -> int:
     return len(dht_node.protocol.routing_table.uid_to_peer_id)
 
 
-async def rejoin(_dht, dht_node, peer_ids: list[str]) -> int:
-    """For a peer that lost every neighbour: ping the initial peers again (libp2p
-    still knows their addresses) and, if one answers, look up this peer's neighbourhood anew."""
+async def rejoin(_dht, dht_node, peers: dict[str, list[str]]) -> int:
+    """For a peer that lost every neighbour: dial its known peers again at the given addresses (``peer id ->
+    multiaddrs``: its initial peers and its peer book's), ping them and, if one answers, look up this peer's
+    neighbourhood anew."""
     import asyncio
 
     from hivemind.p2p import PeerID
+    from hivemind.utils.multiaddr import Multiaddr
 
-    answers = await asyncio.gather(*(dht_node.protocol.call_ping(PeerID.from_base58(p)) for p in peer_ids),
-                                   return_exceptions=True)
+    async def ping(peer: str, addrs: list[str]):
+        peer_id = PeerID.from_base58(peer)
+        try:  # the daemon may have forgotten them; hivemind has no public call for this (it uses it itself)
+            await dht_node.protocol.p2p._client.connect(peer_id, [Multiaddr(a) for a in addrs])
+        except Exception:
+            pass
+        return await dht_node.protocol.call_ping(peer_id)
+
+    answers = await asyncio.gather(*(ping(p, a) for p, a in peers.items()), return_exceptions=True)
     answered = sum(1 for a in answers if a is not None and not isinstance(a, BaseException))
     if answered:
         await dht_node.find_nearest_nodes([dht_node.node_id])

@@ -157,6 +157,7 @@ class HivemindTransport(RolloutTransport):
                                            max_value_bytes=max_value_bytes, max_ttl=self.max_ttl,
                                            round_bytes=dht_round_bytes, token=self._token)
         self._seen: dict[tuple[int, str], float] = {}  # (round, sender) -> newest expiration returned
+        self._read_in: dict[tuple[int, str], int] = {}  # (round, sender) -> the global round its message was last read in
         self._live: dict[str, int] = {}  # sender -> newest round it published in (within the window)
         self._last_new: dict[str, float] = {}  # sender -> when its newest message was first seen (monotonic)
         self._interval: dict[str, float] = {}  # sender -> running mean of the time between its messages
@@ -397,8 +398,12 @@ class HivemindTransport(RolloutTransport):
         log.warning("this peer knows no other peer; asking its known peers again (next try in %gs)", self._rejoin_delay)
         from hivemind.utils.multiaddr import Multiaddr
 
-        peer_ids = sorted({Multiaddr(a)["p2p"] for a in self._bootstrap_peers()} - {self.node_id})
-        dht.run_coroutine(partial(rejoin, peer_ids=peer_ids), return_future=True)
+        peers: dict[str, list[str]] = {}
+        for addr in self._bootstrap_peers():
+            peer = Multiaddr(addr)["p2p"]
+            if peer != self.node_id:
+                peers.setdefault(peer, []).append(addr.split("/p2p/")[0])
+        dht.run_coroutine(partial(rejoin, peers=peers), return_future=True)
         self.counters.rejoin_attempts += 1
 
     def _write_peer_book(self, dht) -> None:
@@ -458,6 +463,8 @@ class HivemindTransport(RolloutTransport):
     def _forget_before(self, first: int) -> None:
         for key in [k for k in self._seen if k[0] < first - 1]:
             del self._seen[key]
+        for key in [k for k in self._read_in if k[0] < first - 1]:
+            del self._read_in[key]
         for p in [p for p, r in self._live.items() if r < first]:
             del self._live[p]
             self._last_new.pop(p, None)
@@ -465,8 +472,10 @@ class HivemindTransport(RolloutTransport):
 
     def _poll(self, dht, peers: list[str], rounds: range, round: int, deadline: float, heard: set[str],
               budget: list[int]) -> list[Received]:
+        # a past round's message is read until it has been read once after that round ended: a peer that takes
+        # several steps within a round republishes its message at each, the last one after our last read within it
         wanted = {message_key(self.run, r, p): (r, p) for p in peers for r in rounds
-                  if r >= round or (r, p) not in self._seen}  # an old round's message is read once
+                  if r >= round or self._read_in.get((r, p), r) <= r}
         if not wanted:
             return []
         try:
@@ -488,6 +497,7 @@ class HivemindTransport(RolloutTransport):
             if item is None:
                 continue
             value, expiration = item
+            self._read_in[(r, peer)] = round
             if self._seen.get((r, peer), -math.inf) >= expiration:
                 self._live[peer] = max(r, self._live.get(peer, r))
                 continue  # returned before
