@@ -127,6 +127,37 @@ def test_a_copy_counts_once(verifier):
     assert node.drops.counts["duplicate"] == 3
 
 
+def test_a_republished_round_message_yields_only_its_new_records(verifier):
+    """A node that takes several steps within one global round republishes its round's message with each step's
+    records added: a reader takes the new ones, skips the ones it took before without counting a drop, and counts
+    a rewrite of a slot it took as a duplicate."""
+    node = intake(verifier)
+    first = records("peer-1", ROUND, half_right, n=2)
+    assert len(node.accept([msg("peer-1", first)], ROUND, plain)) == 2
+    more = records("peer-1", ROUND, half_right, n=2, first_slot=2)
+    pool = node.accept([msg("peer-1", first + more)], ROUND, plain)
+    assert [g.record.slot for g in pool] == [2, 3] and node.drops.total() == 0
+    assert node.accept([msg("peer-1", first + more)], ROUND, plain) == [] and node.drops.total() == 0
+    rewritten = records("peer-1", ROUND, lambda q: ["<answer>x</answer>"] * 4, n=1)
+    assert node.accept([msg("peer-1", rewritten + more)], ROUND, plain) == []
+    assert dict(node.drops.counts) == {"duplicate": 1}
+
+
+def test_a_copy_read_first_never_displaces_its_original(verifier):
+    """A copier republishes an honest peer's group under its own question of a later round. Even when the copier is
+    the peer read first (trusted, newest round first), the original is kept and the copy is the duplicate."""
+    node = intake(verifier)
+    for peer in ("copier", "author"):
+        earlier = records(peer, ROUND - 2, lambda q: [f"{peer} " + c for c in half_right(q)], n=1, first_slot=9)
+        assert len(node.accept([msg(peer, earlier, round=ROUND - 2)], ROUND - 2, plain)) == 1
+    node.standing.accepted("copier", ROUND - 3)  # trusted for longer, so read before the author
+    original = records("author", ROUND - 1, half_right, n=1)
+    copy = records("copier", ROUND, lambda q: list(original[0].completions), n=1)
+    pool = node.accept([msg("copier", copy), msg("author", original, round=ROUND - 1)], ROUND, plain)
+    assert [g.record.node_id for g in pool] == ["author"]
+    assert dict(node.drops.counts) == {"duplicate": 1}
+
+
 def test_a_record_is_bound_to_its_sender_and_round(verifier):
     node = intake(verifier)
     theirs = records("peer-1", ROUND, half_right, n=1)[0]

@@ -8,7 +8,8 @@ import json
 import random
 import pytest
 
-from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, check_record, decode_message, encode_message
+from swarmlm.sapo.records import (DropCounter, RecordLimits, RolloutRecord, check_record, decode_message, encode_message,
+                                  round_message)
 from swarmlm.tasks.provenance import TRAIN_SEED, Provenance
 
 SENDER = "node-1"
@@ -224,3 +225,16 @@ def test_decoding_does_not_mutate_or_alias_the_input():
     rec, _, _ = check_record(raw_record, RecordLimits(), sender=SENDER, rounds=(5, 5), known_family=lambda f: True)
     rec.completions.append("more")
     assert raw_record == keep
+
+
+def test_a_rounds_message_keeps_its_newest_records_within_the_limits():
+    recs = [record(slot=k, completions=[f"<answer>{k}</answer>" + "x" * 300] * 4) for k in range(10)]
+    by_count = RecordLimits(max_records_per_message=3)
+    got, _ = decode(round_message(recs, by_count), by_count)
+    assert [r.slot for r in got] == [7, 8, 9]
+    one = len(encode_message(recs[:1]))
+    by_bytes = RecordLimits(max_message_bytes=max(1024, int(4.5 * one)))
+    payload = round_message(recs, by_bytes)
+    got, drops = decode(payload, by_bytes)
+    assert len(payload) <= by_bytes.max_message_bytes and drops.total() == 0
+    assert [r.slot for r in got] == list(range(10 - len(got), 10)) and 2 <= len(got) < 10

@@ -14,8 +14,12 @@ record it refuses is counted under a reason (``DropCounter``); nothing raises an
 4. **Cut, and count once.** A record whose completions hold the text of any of this tokenizer's special or
    added tokens (EOS, padding, chat markers, nested or not), or encode to one, is dropped (``control_token``).
    Each completion is tokenized and cut to ``max_new_tokens`` exactly as training will cut it, and decoded
-   back: that text is what is scored, so what is scored is what is trained. A group whose trained tokens equal a group seen before (from anyone, this node
-   included) is dropped (``duplicate``), and so is a second record for the same (sender, round, slot).
+   back: that text is what is scored, so what is scored is what is trained. A group whose trained tokens equal
+   a group seen before (from anyone, this node included) is dropped (``duplicate``), and so is a different
+   record for a (sender, round, slot) already taken; the same record read again (a sender republishes its
+   round's message with each step's records added) is skipped without a drop. Within one round's messages the
+   oldest round's copy of a group is the one kept: a copier can only publish a group after its author did, so a
+   copy read in the same batch as its original never displaces it (ties go to the peer trusted longest).
 5. **Verify** (:class:`swarmlm.tasks.verifier.Verifier`): the receiver regenerates the question from its
    provenance with its own config (``forged_task`` when the text differs) and scores the answers against its
    own reference, in bounded worker processes, within ``tasks.verifier.round_seconds`` per round. The
@@ -27,6 +31,7 @@ record it refuses is counted under a reason (``DropCounter``); nothing raises an
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import time
 from collections import OrderedDict
@@ -35,7 +40,7 @@ from typing import Any, Callable
 
 from transformers import PreTrainedTokenizerBase
 
-from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, decode_message
+from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, decode_message, encode_message
 from swarmlm.sapo.selection import ScoredGroup
 from swarmlm.sapo.transports.base import Received
 from swarmlm.tasks import ControlTokenFilter, ScoreRequest, Verifier, extract_answer
@@ -57,24 +62,32 @@ def group_digest(completion_ids: list[list[int]]) -> bytes:
     return h.digest()
 
 
-class BoundedSet:
-    """The last ``capacity`` keys added (oldest forgotten first)."""
+class BoundedMap:
+    """The last ``capacity`` keys added, each with a value (oldest forgotten first)."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._keys: OrderedDict[Any, None] = OrderedDict()
+        self._items: OrderedDict[Any, Any] = OrderedDict()
 
     def __contains__(self, key: Any) -> bool:
-        return key in self._keys
+        return key in self._items
 
-    def add(self, key: Any) -> None:
-        self._keys[key] = None
-        self._keys.move_to_end(key)
-        while len(self._keys) > self.capacity:
-            self._keys.popitem(last=False)
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._items.get(key, default)
+
+    def add(self, key: Any, value: Any = None) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._items)
+
+
+def record_digest(rec: RolloutRecord) -> bytes:
+    """A digest of what a record says (question, provenance and completions), to tell a re-read from a rewrite."""
+    return hashlib.sha256(encode_message([rec])).digest()
 
 
 @dataclass
@@ -113,6 +126,7 @@ class PeerStanding:
         self.remember_rounds = remember_rounds
         self.capacity = capacity
         self._last_accepted: OrderedDict[str, int] = OrderedDict()
+        self._trusted_since: dict[str, int] = {}  # peer -> first round of its current run of accepted records
         self._last_penalized: OrderedDict[str, int] = OrderedDict()
 
     @staticmethod
@@ -123,7 +137,15 @@ class PeerStanding:
             table.popitem(last=False)
 
     def accepted(self, peer: str, round: int) -> None:
+        if not self.trusted(peer, round):
+            self._trusted_since[peer] = round
         self._mark(self._last_accepted, peer, round, self.capacity)
+        if len(self._trusted_since) > self.capacity:
+            self._trusted_since = {p: self._trusted_since[p] for p in self._last_accepted if p in self._trusted_since}
+
+    def since(self, peer: str, round: int) -> float:
+        """The round since which ``peer`` has been trusted without a break (infinity when it is not trusted)."""
+        return self._trusted_since.get(peer, math.inf) if self.trusted(peer, round) else math.inf
 
     def penalize(self, peer: str, round: int) -> None:
         self._mark(self._last_penalized, peer, round, self.capacity)
@@ -157,7 +179,9 @@ class _Candidate:
     sender: str
     record: RolloutRecord
     completions: list[Trainable]
-    digest: bytes
+    digest: bytes  # of the trained group
+    slot_key: tuple[str, int, int]  # (sender, round, slot)
+    record_digest: bytes  # of the record as sent
 
 
 class PeerIntake:
@@ -172,8 +196,8 @@ class PeerIntake:
         self.drops, self.rng = drops, rng
         self.control = ControlTokenFilter(tokenizer)
         self.standing = PeerStanding()
-        self.seen_groups = BoundedSet(remember_groups)  # digests of trained groups, own ones included
-        self.seen_slots = BoundedSet(remember_groups)  # (sender, round, slot)
+        self.seen_groups = BoundedMap(remember_groups)  # digests of trained groups, own ones included
+        self.seen_slots = BoundedMap(remember_groups)  # (sender, round, slot) -> digest of the record taken
         self.last_seconds = 0.0  # time the last round's verification took
         self.last_received = 0  # records of the last round that had the right shape
 
@@ -187,7 +211,7 @@ class PeerIntake:
 
     def _candidates(self, messages: list[Received], round: int) -> list[_Candidate]:
         rounds = (round - self.staleness_rounds, round + self.future_rounds)
-        out: list[_Candidate] = []
+        checked: list[_Candidate] = []
         read_bytes = 0
         self.last_received = 0
         for msg in self.standing.order(messages, round, self.rng):
@@ -199,17 +223,34 @@ class PeerIntake:
             known: Callable[[str], bool] = self.verifier.can_score
             for rec in decode_message(msg.payload, self.limits, sender=msg.sender, rounds=rounds, known_family=known,
                                       drops=self.drops):
+                slot_key, digest = (msg.sender, rec.round, rec.slot), record_digest(rec)
+                if self.seen_slots.get(slot_key) == digest:
+                    continue  # the same record read again (its sender republished its round's message): taken already
                 self.last_received += 1
-                candidate = self._check(msg, rec)
+                candidate = self._check(msg, rec, slot_key, digest)
                 if candidate is None:
                     continue
-                if len(out) >= self.limits.max_round_records:
+                if len(checked) >= self.limits.max_round_records:
                     self.drops.drop("round_cap", msg.sender, f"over {self.limits.max_round_records} records this round")
                     continue
-                out.append(candidate)
+                checked.append(candidate)
+        # count once: the oldest round's copy of a group first (an original precedes its copies), then the peer
+        # trusted longest; the sort is stable, so the read order above breaks the remaining ties
+        checked.sort(key=lambda c: (c.record.round, self.standing.since(c.sender, round)))
+        out: list[_Candidate] = []
+        for c in checked:
+            if c.digest in self.seen_groups or c.slot_key in self.seen_slots:
+                self.drops.drop("duplicate", c.sender, "a group seen before" if c.digest in self.seen_groups
+                                else f"slot {c.record.slot} of round {c.record.round} twice")
+                continue
+            self.seen_slots.add(c.slot_key, c.record_digest)
+            self.seen_groups.add(c.digest)
+            out.append(c)
         return out
 
-    def _check(self, msg: Received, rec: RolloutRecord) -> _Candidate | None:
+    def _check(self, msg: Received, rec: RolloutRecord, slot_key: tuple[str, int, int], digest_of_record: bytes
+               ) -> _Candidate | None:
+        """The checks of one record that need no verifier; None when it is dropped."""
         sender = msg.sender
         if rec.round != msg.round:
             self.drops.drop("round_mismatch", sender, f"record of round {rec.round} in round {msg.round}")
@@ -217,24 +258,19 @@ class PeerIntake:
         if not is_stream_item(rec.provenance, question_stream(self.swarm, sender), rec.round, rec.slot):
             self.drops.drop("replayed_task", sender, f"not its question {rec.slot} of round {rec.round}")
             return None
-        slot_key = (sender, rec.round, rec.slot)
         if slot_key in self.seen_slots:
-            self.drops.drop("duplicate", sender, f"slot {rec.slot} of round {rec.round} again")
-            return None
-        completions = trainable(rec.completions, self.tokenizer, self.control, self.max_new_tokens)
-        if completions is None:
-            self.drops.drop("control_token", sender, "a completion still encodes a control token")
-            return None
-        digest = group_digest([c.ids for c in completions])
-        if digest in self.seen_groups:
-            self.drops.drop("duplicate", sender, "a group seen before")
+            self.drops.drop("duplicate", sender, f"slot {rec.slot} of round {rec.round} again, rewritten")
             return None
         if self.standing.penalized(sender, msg.round):
             self.drops.drop("penalized", sender, "a record of this peer overran the verifier or was forged recently")
             return None
-        self.seen_slots.add(slot_key)
-        self.seen_groups.add(digest)
-        return _Candidate(sender, rec, completions, digest)
+        completions = trainable(rec.completions, self.tokenizer, self.control, self.max_new_tokens)
+        if completions is None:
+            self.seen_slots.add(slot_key, digest_of_record)  # refused once, not counted again on every re-read
+            self.drops.drop("control_token", sender, "a completion still encodes a control token")
+            return None
+        return _Candidate(sender, rec, completions, group_digest([c.ids for c in completions]), slot_key,
+                          digest_of_record)
 
     def accept(self, messages: list[Received], round: int, score: Callable[[list[str], list[float]], list[float]]
                ) -> list[ScoredGroup]:

@@ -37,7 +37,7 @@ from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
 from swarmlm.sapo.grpo import group_advantages
 from swarmlm.sapo.intake import PeerIntake, question_stream
-from swarmlm.sapo.records import DropCounter, RolloutRecord, encode_message
+from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
@@ -119,6 +119,7 @@ class SAPONode:
         self.round = 0  # last completed round
         self.cumulative_reward_own = 0.0
         self._slots = (-1, 0)  # (global round, next free slot): several steps within one global round draw new questions
+        self._round_records: tuple[int, list[RolloutRecord]] = (-1, [])  # the records published in that global round
         if checkpoint is not None:
             load_optimizer_state(checkpoint, self.optimizer)
             st = checkpoint.state
@@ -194,8 +195,13 @@ class SAPONode:
             self.intake.remember_own(gen.texts)
         records = [RolloutRecord(self.node_id, global_round, first_slot + k, q.family, q.question, q.provenance,
                                  gen.texts, self.model_name) for k, (q, gen) in enumerate(zip(questions, generated))]
+        if self._round_records[0] != global_round:
+            self._round_records = (global_round, [])
+        kept = self._round_records[1]
+        kept.extend(records)  # the round's message grows with each step taken within it
+        del kept[:-self.config.sharing.limits.max_records_per_message]
         started = time.perf_counter()
-        self.transport.publish(own.global_round, encode_message(records))
+        self.transport.publish(own.global_round, round_message(self._round_records[1], self.config.sharing.limits))
         own.transport_seconds = time.perf_counter() - started
         return own
 

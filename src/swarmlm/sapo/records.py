@@ -92,6 +92,17 @@ def encode_message(records: list[RolloutRecord]) -> bytes:
                       separators=(",", ":")).encode("utf-8")
 
 
+def round_message(records: list[RolloutRecord], limits: RecordLimits) -> bytes:
+    """One message holding as many of a round's records as ``limits`` allow, the newest kept (``records`` oldest
+    first): a node that takes several steps within one global round republishes them all under its round key."""
+    kept = records[-limits.max_records_per_message:]
+    payload = encode_message(kept)
+    while len(kept) > 1 and len(payload) > limits.max_message_bytes:
+        kept = kept[1:]
+        payload = encode_message(kept)
+    return payload
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
