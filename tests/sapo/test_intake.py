@@ -127,6 +127,16 @@ def test_a_copy_counts_once(verifier):
     assert node.drops.counts["duplicate"] == 3
 
 
+def test_uniform_groups_of_honest_peers_are_not_duplicates(verifier):
+    """A peaked policy sends one text L times; two honest peers may send the same one for different questions. Such a
+    group has no advantage under any verifier, so it is not a copy worth dropping."""
+    node = intake(verifier)
+    node.remember_own(["<answer>5</answer>"] * 4)
+    pool = node.accept([msg(p, records(p, ROUND, lambda q: ["<answer>5</answer>"] * 4, n=1)) for p in ("peer-1", "peer-2")],
+                       ROUND, plain)
+    assert sorted(g.record.node_id for g in pool) == ["peer-1", "peer-2"] and node.drops.total() == 0
+
+
 def test_a_republished_round_message_yields_only_its_new_records(verifier):
     """A node that takes several steps within one global round republishes its round's message with each step's
     records added: a reader takes the new ones, skips the ones it took before without counting a drop, and counts
@@ -138,6 +148,10 @@ def test_a_republished_round_message_yields_only_its_new_records(verifier):
     pool = node.accept([msg("peer-1", first + more)], ROUND, plain)
     assert [g.record.slot for g in pool] == [2, 3] and node.drops.total() == 0
     assert node.accept([msg("peer-1", first + more)], ROUND, plain) == [] and node.drops.total() == 0
+    # two versions of one message in the same batch (read before and after its sender's next step)
+    last = records("peer-1", ROUND, half_right, n=2, first_slot=4)
+    pool = node.accept([msg("peer-1", first + more), msg("peer-1", first + more + last)], ROUND, plain)
+    assert [g.record.slot for g in pool] == [4, 5] and node.drops.total() == 0
     rewritten = records("peer-1", ROUND, lambda q: ["<answer>x</answer>"] * 4, n=1)
     assert node.accept([msg("peer-1", rewritten + more)], ROUND, plain) == []
     assert dict(node.drops.counts) == {"duplicate": 1}

@@ -15,7 +15,8 @@ record it refuses is counted under a reason (``DropCounter``); nothing raises an
    added tokens (EOS, padding, chat markers, nested or not), or encode to one, is dropped (``control_token``).
    Each completion is tokenized and cut to ``max_new_tokens`` exactly as training will cut it, and decoded
    back: that text is what is scored, so what is scored is what is trained. A group whose trained tokens equal
-   a group seen before (from anyone, this node included) is dropped (``duplicate``), and so is a different
+   a group seen before (from anyone, this node included) is dropped (``duplicate``; a uniform group, one text L
+   times, has no advantage to copy and is exempt), and so is a different
    record for a (sender, round, slot) already taken; the same record read again (a sender republishes its
    round's message with each step's records added) is skipped without a drop. Within one round's messages the
    oldest round's copy of a group is the one kept: a copier can only publish a group after its author did, so a
@@ -53,8 +54,12 @@ def question_stream(swarm: str, node_id: str) -> str:
     return f"{swarm}/{node_id}"
 
 
-def group_digest(completion_ids: list[list[int]]) -> bytes:
-    """A digest of a group's trained token ids, independent of the completions' order."""
+def group_digest(completion_ids: list[list[int]]) -> bytes | None:
+    """A digest of a group's trained token ids, independent of the completions' order; None for a uniform group
+    (every completion the same), which no verifier can give an advantage, so that it never trains and is not worth
+    de-duplicating: honest nodes of a peaked policy send such groups ("<answer>5</answer>" L times) often."""
+    if len({tuple(ids) for ids in completion_ids}) <= 1:
+        return None
     h = hashlib.sha256()
     for ids in sorted(completion_ids):
         h.update(len(ids).to_bytes(4, "big"))
@@ -179,7 +184,7 @@ class _Candidate:
     sender: str
     record: RolloutRecord
     completions: list[Trainable]
-    digest: bytes  # of the trained group
+    digest: bytes | None  # of the trained group (None: uniform)
     slot_key: tuple[str, int, int]  # (sender, round, slot)
     record_digest: bytes  # of the record as sent
 
@@ -206,8 +211,9 @@ class PeerIntake:
         is of the text as this node would take it in from a peer (re-tokenized and cut), which is not always the
         ids it generated (a byte-level model's bytes need not be valid UTF-8)."""
         completions = trainable(texts, self.tokenizer, self.control, self.max_new_tokens)
-        if completions is not None:
-            self.seen_groups.add(group_digest([c.ids for c in completions]))
+        digest = group_digest([c.ids for c in completions]) if completions is not None else None
+        if digest is not None:
+            self.seen_groups.add(digest)
 
     def _candidates(self, messages: list[Received], round: int) -> list[_Candidate]:
         rounds = (round - self.staleness_rounds, round + self.future_rounds)
@@ -239,12 +245,16 @@ class PeerIntake:
         checked.sort(key=lambda c: (c.record.round, self.standing.since(c.sender, round)))
         out: list[_Candidate] = []
         for c in checked:
-            if c.digest in self.seen_groups or c.slot_key in self.seen_slots:
-                self.drops.drop("duplicate", c.sender, "a group seen before" if c.digest in self.seen_groups
+            if self.seen_slots.get(c.slot_key) == c.record_digest:
+                continue  # one record in two versions of its sender's message, both read in this batch
+            copied = c.digest is not None and c.digest in self.seen_groups
+            if copied or c.slot_key in self.seen_slots:
+                self.drops.drop("duplicate", c.sender, "a group seen before" if copied
                                 else f"slot {c.record.slot} of round {c.record.round} twice")
                 continue
             self.seen_slots.add(c.slot_key, c.record_digest)
-            self.seen_groups.add(c.digest)
+            if c.digest is not None:
+                self.seen_groups.add(c.digest)
             out.append(c)
         return out
 

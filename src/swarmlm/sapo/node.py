@@ -180,7 +180,9 @@ class SAPONode:
         global_round = self.transport.global_round(round)  # records are keyed by the swarm's round, not a local count
         first_slot = self._next_slots(global_round, self.config.local)
         questions = self.tasks.sample(self.config.local, round=global_round, first_slot=first_slot)
-        torch.manual_seed(self.seed * 100_003 + round)  # the round's samples do not depend on other nodes' work
+        # the round's samples depend on neither other nodes' work nor the timing: on the node's seed and its local
+        # and global rounds (a node resumed from a checkpoint replays local rounds, but in new global rounds)
+        torch.manual_seed((self.seed * 100_003 + round) * 1_000_003 + global_round % 1_000_003)
         started = time.perf_counter()
         generated = self.engine.generate(
             self._prompt_ids([q.question for q in questions]),
