@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from swarmlm.config import ConfigError, StrictModel, add_config_arguments, config_from_args
+from swarmlm.config import ConfigError, HelpFormatter, StrictModel, add_config_arguments, config_from_args
 
 
 @dataclass(frozen=True)
@@ -69,18 +69,22 @@ def _load(target: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarmlm", description="Decentralized LM training: SAPO and NoLoCo.")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    # every parser shows its help texts as written (HelpFormatter): a '%' in any of them is just a '%'
+    parser = argparse.ArgumentParser(prog="swarmlm", description="Decentralized LM training: SAPO and NoLoCo.",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging level (default: INFO)")
     groups: dict[tuple[str, ...], Any] = {(): parser.add_subparsers(dest="command", metavar="COMMAND", required=True)}
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
     for cmd in COMMANDS:
         for depth in range(1, len(cmd.path)):
             prefix = cmd.path[:depth]
             if prefix not in parsers:
-                parsers[prefix] = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                parsers[prefix] = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands",
+                                                                 formatter_class=HelpFormatter)
                 groups[prefix] = parsers[prefix].add_subparsers(dest="_".join(prefix), metavar="COMMAND", required=True)
         sub = groups[cmd.path[:-1]].add_parser(cmd.path[-1], help=cmd.help, description=cmd.help,
-                                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                               formatter_class=HelpFormatter)
         add_config_arguments(sub, _load(cmd.config))
         sub.set_defaults(_command=cmd)
     return parser

@@ -25,6 +25,16 @@ class ConfigError(ValueError):
     """A configuration mistake, phrased for the user."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows every help text as written. argparse reads a help string as a %-format (for ``%(default)s``), so a
+    literal ``%`` in any description (``node_models[k % len]``, ``50%``) would make ``--help`` raise; swarmlm's help
+    texts state their defaults themselves and use no directives, so none is expanded. Every parser of the
+    ``swarmlm`` command uses this class (:func:`swarmlm.cli.build_parser`)."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return self._get_help_string(action) or ""
+
+
 class StrictModel(BaseModel):
     """Base for every config section: unknown fields are errors, assignments are validated."""
 
@@ -166,7 +176,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]
             dest=f"cfg::{dotted}",
             metavar="VALUE",
             default=argparse.SUPPRESS,
-            help=help_text.replace("%", "%%"),  # argparse %-formats help strings
+            help=help_text,  # shown as written: the parsers use HelpFormatter, which expands no %-directive
         )
 
 
