@@ -1,11 +1,14 @@
 """End-to-end training over gloo with 4 local worker processes: each method trains (finite, falling
-loss), and resuming from a checkpoint reproduces the next steps exactly."""
+loss), resuming from a checkpoint reproduces the next steps exactly, and the in-process backend (the same 4
+replicas as threads of one process, exchanging through memory) gives the same losses and weights."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from swarmlm.cli import main
 from swarmlm.noloco.groups import make_groups
@@ -32,12 +35,22 @@ def _by_step(rows: list[dict]) -> dict[int, dict]:
     return {row["step"]: row for row in rows}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["noloco", "diloco", "ddp"])
-def test_four_process_training_and_exact_resume(tmp_path, method):
-    out = tmp_path / method
+def _weights(out, rank: int, step: int = STEPS) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "checkpoints" / f"rank-{rank}" / f"step-{step:06d}" / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module", params=["noloco", "diloco", "ddp"])
+def gloo_run(request, tmp_path_factory):
+    """One 4-process run over gloo per method: (method, its directory, its metrics and final weights as trained)."""
+    method = request.param
+    out = tmp_path_factory.mktemp("gloo") / method
     _train(out, method)
-    first = _records(out)
+    return method, out, _records(out), {r: _weights(out, r) for r in range(REPLICAS)}
+
+
+@pytest.mark.slow
+def test_four_process_training_and_exact_resume(gloo_run):
+    method, out, first, _ = gloo_run
     for rank, rows in first.items():
         steps = _by_step(rows)
         assert sorted(s for s in steps if s > 0) == list(range(1, STEPS + 1))
@@ -77,3 +90,30 @@ def test_four_process_training_and_exact_resume(tmp_path, method):
             assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-5, abs=1e-6), (rank, step)
         assert b[STEPS]["val_loss"] == pytest.approx(a[STEPS]["val_loss"], rel=1e-5)
         assert b[STEPS]["bytes_sent"] == a[STEPS]["bytes_sent"]
+
+
+@pytest.mark.slow
+def test_in_process_backend_matches_gloo(gloo_run, tmp_path):
+    """The same run with the 4 replicas in this process: every loss, validation loss and model std, and the final
+    weights of every replica, equal the gloo run's to float tolerance (NoLoCo's exchange only copies, so its
+    weights are bitwise the same; an all-reduce sums in another order than gloo's ring)."""
+    method, _, gloo, gloo_weights = gloo_run
+    out = tmp_path / method
+    _train(out, method, "--backend", "in_process")
+    mine = _records(out)
+    for rank in range(REPLICAS):
+        a, b = _by_step(gloo[rank]), _by_step(mine[rank])
+        assert sorted(a) == sorted(b)
+        for step, row in a.items():
+            for key in ("loss", "val_loss", "model_std_fast", "model_std"):
+                if key in row:
+                    assert b[step][key] == pytest.approx(row[key], rel=1e-5, abs=1e-7), (rank, step, key)
+            for key in ("group", "partners_ok", "bytes_sent", "bytes_recv"):
+                assert b[step].get(key) == row.get(key), (rank, step, key)
+        assert "sim_s" in b[STEPS] and "sim_s" not in a[STEPS]
+        weights = _weights(out, rank)
+        assert weights.keys() == gloo_weights[rank].keys()
+        for name, w in weights.items():
+            torch.testing.assert_close(w, gloo_weights[rank][name], rtol=1e-4, atol=1e-5, msg=f"{rank} {name}")
+            if method == "noloco":
+                assert torch.equal(w, gloo_weights[rank][name]), (rank, name)

@@ -2,7 +2,9 @@
 inner step plus the modelled cost of every synchronisation (:class:`~swarmlm.noloco.comm.link_model.LinkModel`),
 with every rank's clock held back by the ranks it synchronises with (all of them for an all-reduce, the pair for
 NoLoCo). Runs on a busy 2-core machine still get a meaningful time axis, and a training run does not have to
-sleep through 100 ms × thousands of hops."""
+sleep through 100 ms × thousands of hops. The in-process backend (:mod:`swarmlm.noloco.comm.in_process`) keeps the
+same clock while it trains, with the same synchronisation rules (:meth:`LinkModel.allreduce_end_s`,
+:meth:`LinkModel.pair_end_s`)."""
 
 from __future__ import annotations
 
@@ -44,11 +46,11 @@ def simulate_clock(method: str, compute_s: np.ndarray, *, link: LinkModel, every
         clock += compute_s[:, s - 1]
         if s in due and m > 1:
             if kind == "allreduce":
-                clock[:] = clock.max() + link.allreduce_s(nbytes, m)
+                clock[:] = link.allreduce_end_s(list(clock), nbytes)
             else:
                 outer_step = (s + every - 1) // every
                 links = sorted((min(a, b), max(a, b)) for g in groups(outer_step) for i, a in enumerate(g) for b in g[i + 1:])
                 for a, b in links:
-                    clock[a] = clock[b] = max(clock[a], clock[b]) + link.pair_exchange_s(nbytes)
+                    clock[a], clock[b], _ = link.pair_end_s(clock[a], clock[b], nbytes)
         out[:, s - 1] = clock
     return out

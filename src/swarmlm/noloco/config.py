@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Literal
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from swarmlm.config import StrictModel
 
 Method = Literal["noloco", "diloco", "ddp"]
 Algorithm = Literal["ring", "tree", "halving_doubling", "best"]
+Backend = Literal["auto", "gloo", "nccl", "in_process"]
 
 
 class InnerSection(StrictModel):
@@ -134,6 +137,8 @@ class TrainConfig(StrictModel):
     method: Method = Field("noloco", description="noloco (pair averaging), diloco (all-reduce every H steps) or ddp (all-reduce every step)")
     nproc: int = Field(4, ge=1, description="M: replicas (local runs start nproc x stages processes); under torchrun "
                                             "the world size decides (M = world size / stages)")
+    replicas: int | None = Field(None, ge=1, description="M, the same as nproc (give either); the natural name with "
+                                                         "backend in_process, where no process is started per replica")
     stages: int = Field(1, ge=1, description="S: pipeline stages per replica, each in its own process (see pipeline.*)")
     out: str = Field("runs/noloco", description="output directory")
     model: str = Field("tiny-llama", description="preset name (tiny-llama, llama-125m, llama-1.3b, llama-6.8b...), local directory or hub id")
@@ -153,7 +158,13 @@ class TrainConfig(StrictModel):
         "auto", description="auto = continue from the newest checkpoint all ranks hold; never = start over; N = from step N")
     stop_after: int | None = Field(
         None, ge=1, description="stop (with a checkpoint) after this step; the schedule still runs to `steps`")
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="process group backend for collectives (DiLoCo, DDP)")
+    backend: Backend = Field(
+        "auto", description="how the replicas talk. auto, gloo, nccl: one process per replica over torch.distributed, "
+                            "with that process-group backend for collectives (auto = NCCL on GPUs, else gloo); "
+                            "in_process: all M replicas in this process on one device, stepped in turn, exchanging "
+                            "through memory, communication timed by the network.* link model on a simulated clock")
+    threads: int = Field(0, ge=0, description="torch threads per process (0 = torch's default; the local launcher gives "
+                                              "each worker cores / nproc unless OMP_NUM_THREADS is set)")
     progress: bool = Field(True, description="progress bar on rank 0")
     inner: InnerSection = Field(default_factory=InnerSection)
     outer: OuterSection = Field(default_factory=OuterSection)
@@ -166,6 +177,16 @@ class TrainConfig(StrictModel):
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     network: NetworkSection = Field(default_factory=NetworkSection)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _replicas_is_nproc(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("replicas") is not None:
+            if data.get("nproc") is not None and data["nproc"] != data["replicas"]:
+                raise ValueError(f"replicas ({data['replicas']}) and nproc ({data['nproc']}) are two names for M: "
+                                 "give one of them")
+            data = {**data, "nproc": data["replicas"]}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
         if self.stages > 1 and self.batch_size % self.pipeline.micro_batches:
@@ -175,4 +196,14 @@ class TrainConfig(StrictModel):
             raise ValueError(f"stop_after ({self.stop_after}) is past steps ({self.steps})")
         if self.method == "noloco" and self.noloco.group_size > self.nproc and self.nproc > 1:
             raise ValueError(f"noloco.group_size ({self.noloco.group_size}) is larger than nproc ({self.nproc})")
+        if self.backend == "in_process":
+            if self.stages > 1:
+                raise ValueError("stages: pipeline stages need one process per stage; backend in_process runs whole "
+                                 "replicas only (use backend auto, gloo or nccl)")
+            if self.network.inject:
+                raise ValueError("network.inject: backend in_process never sleeps; it charges the network.* link to "
+                                 "its simulated clock (set network.inject false)")
+            if self.faults.exit_rank is not None:
+                raise ValueError("faults.exit_rank: an abrupt exit would end every replica of backend in_process, "
+                                 "which share one process (faults.stall_rank works: the stall goes on the simulated clock)")
         return self

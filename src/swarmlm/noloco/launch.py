@@ -1,5 +1,6 @@
 """``swarmlm noloco train``: the entry point of one rank (:func:`worker_main`), the local launch of M × S workers
-(or one rank's part under the user's torchrun), and the run's summary."""
+(or one rank's part under the user's torchrun), the in-process backend's M replicas in this process
+(:func:`run_in_process`), and the run's summary."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarmlm.config import dump_config
+from swarmlm.config import ConfigError, dump_config
 from swarmlm.noloco.config import TrainConfig
 from swarmlm.noloco.pipeline.step import PipelineStep
 from swarmlm.noloco.replica import Replica, rank_dir
@@ -60,8 +61,11 @@ def write_train_summary(config: TrainConfig, results: dict[int, Any] | None, wor
         "outer_every": config.outer.every if config.method != "ddp" else None,
         "val_loss_mean": mean_loss, "val_ppl_mean_loss": math.exp(mean_loss) if mean_loss is not None else None,
         "val_ppl_rank0": ranks.get("rank-0", {}).get("val_ppl"),
-        "wall_s": round(wall_s, 1), "ranks": ranks,
+        "wall_s": round(wall_s, 1), "backend": config.backend, "ranks": ranks,
     }
+    sims = [r["sim_s"] for r in ranks.values() if r.get("sim_s") is not None]
+    if sims:  # the in-process backend's simulated wall-clock: the run ends with its slowest replica
+        summary["sim_s"] = max(sims)
     Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -83,6 +87,10 @@ def worker_main(config_json: str) -> dict[str, Any]:
         # alone, which forwards exactly one SIGINT to every worker; one SIGINT is a graceful stop
         # (graceful_interrupt), whereas the terminal's and the launcher's together would be an abort.
         os.setpgrp()
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
     rank, world = init_process_group(backend=config.backend, timeout_s=max(300.0, 4 * config.exchange.timeout_s))
     if world % config.stages:
         raise ValueError(f"the world size ({world}) is not a multiple of --stages ({config.stages})")
@@ -98,14 +106,62 @@ def worker_main(config_json: str) -> dict[str, Any]:
         destroy_process_group()
 
 
+def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
+    """``--backend in_process``: the M replicas of ``config`` in this process, on one device, each a
+    :class:`Replica` in a thread of its own with an in-process communicator
+    (:mod:`swarmlm.noloco.comm.in_process`), stepped in turn. Returns (rank -> final figures, whether Ctrl+C
+    stopped the run); every replica checkpoints at the same step on Ctrl+C, as the local launch does."""
+    import torch
+
+    from swarmlm.noloco.comm import make_communicator
+    from swarmlm.noloco.comm.in_process import InProcessHub
+    from swarmlm.noloco.comm.link_model import LinkModel
+    from swarmlm.runtime.devices import resolve_device
+    from swarmlm.runtime.interrupts import graceful_interrupt
+
+    m = config.nproc
+    device = resolve_device(config.device)
+    link = LinkModel.from_config(config.network)
+    hub = InProcessHub(m, link=link, timeout_s=config.exchange.timeout_s, device=device)
+    log.info("in-process backend: %d replicas of %s on %s, stepped in turn; simulated link %s", m, config.model, device,
+             link.describe())
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        with graceful_interrupt() as interrupt:
+            def replica(rank: int) -> dict[str, Any]:
+                comm = make_communicator(config.network, rank=rank, world_size=m, timeout_s=config.exchange.timeout_s,
+                                         hub=hub)
+                return Replica(config, rank, m, comm=comm).run(interrupt=interrupt)
+
+            results = hub.run(replica)
+    finally:
+        torch.set_num_threads(threads)
+    return results, interrupt.requested
+
+
 def run_training(config: TrainConfig) -> dict[str, Any]:
-    """Train ``config.nproc`` replicas locally, or be one rank under torchrun; returns the summary."""
+    """Train ``config.nproc`` replicas locally (processes, or all in this one with backend in_process), or be one
+    rank under torchrun; returns the summary."""
     from swarmlm.noloco.data import prepare
     from swarmlm.runtime.distributed import launch_local, under_torchrun
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    if config.backend == "in_process":
+        if under_torchrun():
+            raise ConfigError("backend in_process runs every replica in this one process: start it without torchrun, "
+                              "or pick backend auto, gloo or nccl")
+        dump_config(config, out / "config.yaml")
+        prepare(config.data, load_tokenizer(config.model))
+        results, interrupted = run_in_process(config)
+        summary = write_train_summary(config, results, config.nproc, time.time() - started)
+        if interrupted and not all(r.get("completed") for r in results.values()):
+            log.warning("stopped by Ctrl+C; run the same command again to resume from %s", config.out)
+            summary["interrupted"] = True
+        return summary
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         rank = int(os.environ["RANK"])
@@ -143,5 +199,7 @@ def train_command(config: TrainConfig) -> int:
     print(f"{summary['method']} M={summary['replicas']}{' S=' + str(summary['stages']) if 'stages' in summary else ''} "
           f"steps={summary['steps']}: "
           f"validation loss {summary['val_loss_mean']:.4f} (mean over replicas), "
-          f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_s']}s -> {config.out}/summary.json")
+          f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_s']}s"
+          + (f", simulated {summary['sim_s']:.1f}s" if summary.get("sim_s") is not None else "")
+          + f" -> {config.out}/summary.json")
     return 0

@@ -13,12 +13,15 @@ on its own shard, and takes an outer step every ``outer.every`` inner steps:
 
 φ and Δ are flat fp32 vectors beside the model. How a step's gradients come about (the whole model here, or one
 pipeline stage) is the replica's :class:`~swarmlm.noloco.inner_step.InnerStep`; how replicas talk, its
-:class:`~swarmlm.noloco.comm.base.Communicator`. Rank 0 writes ``DIR/metrics.jsonl``, rank k
-``DIR/rank-k/metrics.jsonl``; checkpoints go to ``DIR/checkpoints/rank-k/``.
+:class:`~swarmlm.noloco.comm.base.Communicator`: torch.distributed with one process per rank, or the in-process
+backend with M replicas in one process (:mod:`swarmlm.noloco.comm.in_process`, a thread per replica); the loop
+is the same code either way. Rank 0 writes ``DIR/metrics.jsonl``, rank k ``DIR/rank-k/metrics.jsonl``;
+checkpoints go to ``DIR/checkpoints/rank-k/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -30,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from swarmlm.noloco.comm import make_communicator
-from swarmlm.noloco.comm.base import OUTER_STEP_NAMES
+from swarmlm.noloco.comm.base import OUTER_STEP_NAMES, Communicator
 from swarmlm.noloco.config import InnerSection, TrainConfig
 from swarmlm.noloco.data import replica_data, validation_batches
 from swarmlm.noloco.groups import group_of, make_groups
@@ -45,7 +48,7 @@ from swarmlm.runtime.checkpoints import (
     save_checkpoint,
 )
 from swarmlm.runtime.devices import resolve_device
-from swarmlm.runtime.interrupts import graceful_interrupt
+from swarmlm.runtime.interrupts import StopFlag, graceful_interrupt
 from swarmlm.runtime.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
@@ -81,10 +84,11 @@ def inner_optimizer(params: list[torch.nn.Parameter], inner: InnerSection) -> to
 
 class Replica:
     """The state and loop of one rank. ``inner_step`` is how this rank computes gradients (default: the whole
-    model, :class:`~swarmlm.noloco.inner_step.DataParallelStep`)."""
+    model, :class:`~swarmlm.noloco.inner_step.DataParallelStep`); ``comm`` how it talks to the others (default:
+    torch.distributed, :func:`~swarmlm.noloco.comm.make_communicator`)."""
 
     def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0,
-                 inner_step: InnerStep | None = None):
+                 inner_step: InnerStep | None = None, comm: Communicator | None = None):
         from swarmlm.models import load_model
 
         self.config = config
@@ -120,7 +124,8 @@ class Replica:
                                  batch_size=config.batch_size, seed=config.seed)
         self.val = validation_batches(self.data.val_tokens, seq_len=config.seq_len, batch_size=config.batch_size,
                                       num_batches=config.eval_batches)
-        self.comm = make_communicator(config.network, rank=rank, world_size=world_size, timeout_s=config.exchange.timeout_s)
+        self.comm = comm if comm is not None else make_communicator(
+            config.network, rank=rank, world_size=world_size, timeout_s=config.exchange.timeout_s)
         self.inner_step.attach(self)
         self.outer_comm = self.inner_step.outer_comm  # the outer step's communicator: the stage's replica group in a pipeline
         self.step = 0
@@ -243,7 +248,7 @@ class Replica:
             os._exit(EXIT_CODE_INJECTED)
         if faults.stall_rank == self.rank and outer_step in faults.stall_outer_steps and faults.stall_s > 0:
             log.warning("rank %d: injected stall of %.1fs at outer step %d", self.rank, faults.stall_s, outer_step)
-            time.sleep(faults.stall_s)
+            self.comm.stall(faults.stall_s)
 
     def outer_step(self, outer_step: int) -> dict[str, Any]:
         with self.inner_step.waiting():
@@ -311,7 +316,10 @@ class Replica:
         return self.last_val
 
     # ----- the loop
-    def run(self, progress: bool = True) -> dict[str, Any]:
+    def run(self, progress: bool = True, interrupt: StopFlag | None = None) -> dict[str, Any]:
+        """Train to the end (or an agreed stop) and return this rank's final figures. ``interrupt``: a stop flag shared
+        with the caller (the in-process backend's replicas share the main thread's); by default this rank's own
+        Ctrl+C handler."""
         config = self.config
         started_from = self.resume()
         end = config.stop_after or config.steps
@@ -325,28 +333,31 @@ class Replica:
             if self.step == 0:
                 record = {"step": 0, **self.evaluate()}
                 writer.log(record)
-            with graceful_interrupt() as interrupt:
+            with contextlib.nullcontext(interrupt) if interrupt is not None else graceful_interrupt() as interrupt:
                 while self.step < end:
                     self.step += 1
-                    started = time.perf_counter()
-                    comm_before = self.comm.traffic.seconds
-                    loss, lr, stop = self.train_step(interrupt.requested)
-                    if self.inner_step.stop_in_store:
-                        stop = self.agreed_stop(interrupt.requested)
-                    if self.method == "noloco":
-                        self.comm.heartbeat()
-                    step_time = time.perf_counter() - started
-                    record: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr,
-                                              "tokens_per_s": config.grad_accum * config.batch_size * config.seq_len / step_time}
-                    outer_due = self.method != "ddp" and (self.step % H == 0 or self.step == config.steps)
-                    if self.method == "ddp" and self.step % H == 0 and config.log.model_std:
-                        record["model_std"] = self.outer_comm.replica_std(self.theta())
-                    if outer_due:
-                        outer_started = time.perf_counter()
-                        record.update(self.outer_step((self.step + H - 1) // H))
-                        step_time += time.perf_counter() - outer_started
-                    comm = self.comm.traffic.seconds - comm_before
-                    self.compute_s += max(0.0, step_time - comm)
+                    with self.comm.on_clock():  # a simulated clock charges this step's compute (in-process backend)
+                        started = time.perf_counter()
+                        comm_before = self.comm.blocked_s
+                        loss, lr, stop = self.train_step(interrupt.requested)
+                        if self.inner_step.stop_in_store:
+                            stop = self.agreed_stop(interrupt.requested)
+                        if self.method == "noloco":
+                            self.comm.heartbeat()
+                        step_time = time.perf_counter() - started
+                        # in one process, a wait is the other replicas' turns, not this replica's step
+                        turns = self.comm.blocked_s - comm_before if self.comm.sim_clock_s is not None else 0.0
+                        record: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr, "tokens_per_s":
+                                                  config.grad_accum * config.batch_size * config.seq_len / max(step_time - turns, 1e-9)}
+                        outer_due = self.method != "ddp" and (self.step % H == 0 or self.step == config.steps)
+                        if self.method == "ddp" and self.step % H == 0 and config.log.model_std:
+                            record["model_std"] = self.outer_comm.replica_std(self.theta())
+                        if outer_due:
+                            outer_started = time.perf_counter()
+                            record.update(self.outer_step((self.step + H - 1) // H))
+                            step_time += time.perf_counter() - outer_started
+                        comm = self.comm.blocked_s - comm_before
+                        self.compute_s += max(0.0, step_time - comm)
                     if (config.eval_every and self.step % config.eval_every == 0) or self.step == config.steps:
                         record.update(self.evaluate())
                     if config.stop_after is not None and self.step >= config.stop_after:
@@ -357,6 +368,8 @@ class Replica:
                     record.update(self.inner_step.record())
                     record.update({"compute_s": self.compute_s, "tokens": self.tokens,
                                    "elapsed_s": time.perf_counter() - wall_start})
+                    if self.comm.sim_clock_s is not None:
+                        record["sim_s"] = self.comm.sim_clock_s
                     if self.step % config.log.every == 0 or outer_due or "val_loss" in record or stop:
                         writer.log(record)
                     bar.update(1)
@@ -376,4 +389,5 @@ class Replica:
                 "val_loss": self.last_val.get("val_loss"), "val_ppl": self.last_val.get("val_ppl"),
                 "skipped_total": self.comm.traffic.skipped, "bytes_sent": self.comm.traffic.bytes_sent,
                 "bytes_recv": self.comm.traffic.bytes_recv, "comm_s": self.comm.traffic.seconds,
-                "compute_s": self.compute_s, "tokens": self.tokens}
+                "compute_s": self.compute_s, "tokens": self.tokens,
+                **({"sim_s": self.comm.sim_clock_s} if self.comm.sim_clock_s is not None else {})}

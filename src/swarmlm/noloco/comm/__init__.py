@@ -1,7 +1,8 @@
 """How NoLoCo's replicas talk: the :class:`~swarmlm.noloco.comm.base.Communicator` interface of the outer step,
-its torch.distributed implementation (:mod:`.exchange`) and the injected link (:mod:`.emulated`), the deadline
-rendezvous both the outer exchange and the pipeline hops use (:mod:`.rendezvous`), the pipeline's hops
-(:mod:`.links`) and the α-β link model (:mod:`.link_model`).
+its torch.distributed implementation (:mod:`.exchange`), the injected link (:mod:`.emulated`) and the in-process
+backend (:mod:`.in_process`: M replicas in one process, on a simulated clock), the deadline rendezvous both the
+outer exchange and the pipeline hops use (:mod:`.rendezvous`), the pipeline's hops (:mod:`.links`) and the α-β
+link model (:mod:`.link_model`).
 
 :func:`make_communicator` picks the implementation; a new backend is one more module here and one more branch.
 """
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from swarmlm.noloco.comm.base import Communicator
 from swarmlm.noloco.comm.emulated import EmulatedCommunicator
 from swarmlm.noloco.comm.exchange import DistributedCommunicator, launch_key
+from swarmlm.noloco.comm.in_process import InProcessHub
 from swarmlm.noloco.comm.link_model import LinkModel
 
 if TYPE_CHECKING:
@@ -24,9 +26,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def make_communicator(network: "NetworkSection", *, rank: int, world_size: int, timeout_s: float) -> Communicator:
-    """The communicator of one rank of a torch.distributed run: plain, or over the injected link
-    (``network.inject``). Every rank calls it at the same point (it agrees on a launch key)."""
+def make_communicator(network: "NetworkSection", *, rank: int, world_size: int, timeout_s: float,
+                      hub: InProcessHub | None = None) -> Communicator:
+    """The communicator of one rank: with ``hub``, replica ``rank`` of the in-process backend (the hub holds the
+    link model); otherwise one rank of a torch.distributed run, plain or over the injected link (``network.inject``).
+    Every rank of a torch.distributed run calls it at the same point (it agrees on a launch key)."""
+    if hub is not None:
+        return hub.communicator(rank)
     run_key = launch_key(rank, world_size)
     if not network.inject:
         return DistributedCommunicator(rank=rank, world_size=world_size, timeout_s=timeout_s, run_key=run_key)

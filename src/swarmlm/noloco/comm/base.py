@@ -8,11 +8,14 @@ measurement (:meth:`~Communicator.replica_std`); every byte and second it spends
 * :class:`~swarmlm.noloco.comm.exchange.DistributedCommunicator`: one process per replica, torch.distributed
   (gloo or NCCL) with a deadline on every pair exchange;
 * :class:`~swarmlm.noloco.comm.emulated.EmulatedCommunicator`: the same, with every message delayed by a
-  modelled link.
+  modelled link;
+* :class:`~swarmlm.noloco.comm.in_process.InProcessCommunicator`: M replicas in one process, stepped in turn,
+  exchanging through memory, with a simulated clock instead of real waiting.
 
-Another backend (for instance M replicas stepped in turn in one process, exchanging through memory) implements
-this class and is picked by :func:`swarmlm.noloco.comm.make_communicator`; the replica's outer step is the same
-code whatever the backend.
+:func:`swarmlm.noloco.comm.make_communicator` picks the implementation; the replica's outer step is the same code
+whatever the backend. Time: a real backend spends real seconds and :attr:`Communicator.traffic` counts them; a
+simulated one (:attr:`Communicator.sim_clock_s` is not None) keeps a clock per replica, charged with the real
+compute time inside :meth:`Communicator.on_clock` and with the link model's cost of every message.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import contextlib
+import time
+from typing import ContextManager
 
 import torch
 
@@ -108,3 +115,24 @@ class Communicator(ABC):
     def finish(self, grace_s: float) -> None:
         """Announce that this rank is done (a rank that others depend on waits for them, at most ``grace_s`` past
         their last sign of life)."""
+
+    # ----- time
+    @property
+    def blocked_s(self) -> float:
+        """Real seconds this rank has spent inside communication calls so far, waiting included (the replica counts
+        the rest of a step as compute)."""
+        return self.traffic.seconds
+
+    @property
+    def sim_clock_s(self) -> float | None:
+        """This rank's simulated wall-clock (compute plus modelled communication), or None for a real backend."""
+        return None
+
+    def on_clock(self) -> ContextManager:
+        """Around one inner step's work, its outer step included: a backend with a simulated clock charges the real
+        time spent inside, outside its own calls, as this rank's compute. Evaluation and checkpoints stay outside."""
+        return contextlib.nullcontext()
+
+    def stall(self, seconds: float) -> None:
+        """An injected stall of this rank (fault injection): real backends sleep; a simulated clock just advances."""
+        time.sleep(seconds)

@@ -20,7 +20,9 @@ So the link is modelled in the transport, in two ways that use the same cost fun
    time per inner step plus the modelled cost of each synchronisation, with every rank's clock held back
    by the partners it synchronises with (all ranks for all-reduce, the pair for NoLoCo). ``swarmlm noloco
    compare`` uses this: runs on a busy 2-core machine still give a meaningful axis, and a training run
-   does not have to sleep through 100 ms × thousands of hops.
+   does not have to sleep through 100 ms × thousands of hops. The in-process backend
+   (:mod:`swarmlm.noloco.comm.in_process`) keeps the same clock while it trains. Both use
+   :meth:`LinkModel.allreduce_end_s` and :meth:`LinkModel.pair_end_s` for the synchronisations.
 
 The α-β cost model (α = one-way latency per message, β = seconds per byte, n = bytes per rank):
 
@@ -105,6 +107,22 @@ class LinkModel:
     def best_algorithm(self, nbytes: float, m: int) -> str:
         costs = {a: self.allreduce_s(nbytes, m, a) for a in ALGORITHMS}
         return min(ALGORITHMS, key=lambda a: (costs[a], ALGORITHMS.index(a)))
+
+    # ----- synchronisations on a simulated clock
+    def allreduce_end_s(self, arrivals: list[float], nbytes: float) -> float:
+        """When an all-reduce of ``nbytes`` per rank ends, on a simulated clock, for ranks that arrive at ``arrivals``:
+        every rank waits for the last one, then the algorithm takes its time."""
+        return max(arrivals) + self.allreduce_s(nbytes, len(arrivals))
+
+    def pair_end_s(self, t_a: float, t_b: float, nbytes: float, timeout_s: float = math.inf) -> tuple[float, float, bool]:
+        """NoLoCo's pair link on a simulated clock, for partners that arrive at ``t_a`` and ``t_b``: (when a is done,
+        when b is done, whether they exchanged). As in the deadline rendezvous (:mod:`swarmlm.noloco.comm.rendezvous`),
+        the first waits at most ``timeout_s``; a partner later than that finds the link abandoned and skips at once,
+        and the first gives up at its deadline. Otherwise both send at once and are done one message time later."""
+        if abs(t_a - t_b) > timeout_s:
+            return (t_a + timeout_s, t_b, False) if t_a < t_b else (t_a, t_b + timeout_s, False)
+        end = max(t_a, t_b) + self.pair_exchange_s(nbytes)
+        return end, end, True
 
     def hops(self, m: int, algorithm: str) -> int:
         """Messages on the critical path of one all-reduce (for fitting a per-message overhead)."""
