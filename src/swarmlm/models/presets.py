@@ -50,6 +50,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "tiny-qwen2": Preset("qwen2", 256, 4, 4, 2, 688, description="Qwen2-style, about 3M parameters (CPU default)"),
     "tiny-llama": Preset("llama", 256, 4, 4, 4, 688, description="Llama-style, about 3M parameters"),
+    "nano-llama": Preset("llama", 64, 1, 4, 4, 172, description="Llama-style, one layer, about 66k parameters (many-replica studies on one CPU core)"),
     "small-qwen2": Preset("qwen2", 512, 8, 8, 4, 1376, description="Qwen2-style, about 22M parameters"),
     "small-llama": Preset("llama", 512, 8, 8, 8, 1376, description="Llama-style, about 25M parameters"),
     "llama-125m": Preset("llama", 768, 12, 12, 12, 3072, tie_embeddings=False, description="NoLoCo reference 125M shape"),
