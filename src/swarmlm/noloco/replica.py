@@ -323,7 +323,8 @@ class Replica:
         config = self.config
         started_from = self.resume()
         end = config.stop_after or config.steps
-        writer = MetricsWriter(rank_dir(config.out, self.rank), resume_from=started_from, tensorboard=config.log.tensorboard)
+        writer = MetricsWriter(rank_dir(config.out, self.rank), resume_from=started_from, tensorboard=config.log.tensorboard,
+                               fsync=config.log.fsync)
         H = config.outer.every
         bar = tqdm(total=config.steps, initial=self.step, desc=f"{self.method} M={self.replicas}" + (f" S={self.stages}" if self.stages > 1 else ""), unit="step",
                    disable=not (progress and config.progress and self.rank == 0))

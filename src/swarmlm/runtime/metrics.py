@@ -43,11 +43,12 @@ class MetricsWriter:
     """Append metrics for one run (or one node / rank) to ``DIR/metrics.jsonl`` and TensorBoard."""
 
     def __init__(self, directory: str | Path, *, step_key: str = "step", resume_from: int | None = None,
-                 filename: str = "metrics.jsonl", tensorboard: bool = True):
+                 filename: str = "metrics.jsonl", tensorboard: bool = True, fsync: bool = True):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / filename
         self.step_key = step_key
+        self.fsync = fsync  # force every line to disk (off: the OS writes it later; a crash may lose the last lines)
         kept = [r for r in read_jsonl(self.path) if resume_from is not None and r.get(step_key, -1) <= resume_from]
         with open(self.path, "w") as fh:
             for record in kept:
@@ -59,7 +60,8 @@ class MetricsWriter:
         clean = {k: _jsonable(v) for k, v in record.items()}
         self._fh.write(json.dumps(clean) + "\n")
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if self.fsync:
+            os.fsync(self._fh.fileno())
         if self._tb is not None:
             step = int(clean.get(self.step_key, 0))
             for key, value in clean.items():
