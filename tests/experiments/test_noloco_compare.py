@@ -1,11 +1,12 @@
-"""``swarmlm noloco compare``: the runs differ only in the method's outer step, the helpers behave on
-hand-made cases, and a miniature of the command (with the link injected) writes its files, fields and
-plots, and reuses its finished runs."""
+"""``swarmlm noloco compare``: the runs differ only in the method's outer step (and H), the helpers behave on
+hand-made cases, and miniatures of the command, with the in-process backend (several M, seeds and H) and with one
+process per replica over an injected link, write their files, fields and plots, and reuse their finished runs."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from swarmlm.noloco.comm.link_model import LinkModel
 
 def test_runs_share_everything_but_the_outer_step(tmp_path):
     config = CompareConfig(out=str(tmp_path), replicas="2,4", methods="ddp,diloco,diloco-hb,noloco", steps=50,
-                           inner={"lr": 1e-3})
+                           inner={"lr": 1e-3}, outer={"every": "50,20"})
     assert config.replicas == [2, 4] and config.methods == ["ddp", "diloco", "diloco-hb", "noloco"]
-    runs = {v: train_config(config, 4, 0, v).model_dump() for v in config.methods}
+    assert config.outer.every == [20, 50]
+    runs = {v: train_config(config, 4, 0, v, 20).model_dump() for v in config.methods}
     differ = {v: {k for k in runs[v] if runs[v][k] != runs["noloco"][k]} for v in runs}
     assert differ["ddp"] == {"method", "out"}
     assert differ["diloco"] == {"method", "out"} and differ["diloco-hb"] == {"method", "out", "diloco"}
@@ -28,18 +30,40 @@ def test_runs_share_everything_but_the_outer_step(tmp_path):
     assert runs["diloco-hb"]["diloco"] == {"lr": 0.7, "momentum": 0.3, "nesterov": False}  # the NoLoCo reference
     assert runs["noloco"]["noloco"]["alpha"] == 0.5 and runs["noloco"]["noloco"]["beta"] == runs["noloco"]["noloco"]["gamma"] == 0.7
     assert all(r["inner"]["lr"] == 1e-3 and r["steps"] == 50 and r["seed"] == 0 for r in runs.values())
-    # the link is only modelled unless injected: the runs then do not depend on it
-    assert runs["noloco"]["network"]["inject"] is False and runs["noloco"]["network"]["latency_ms"] == 0
+    assert all(r["backend"] == "in_process" and r["outer"]["every"] == 20 for r in runs.values())
+    # H: another run directory and H, nothing else; DDP has no H and runs once for all of them
+    h50 = train_config(config, 4, 0, "noloco", 50).model_dump()
+    assert {k for k in h50 if h50[k] != runs["noloco"][k]} == {"out", "outer"} and h50["outer"]["every"] == 50
+    assert train_config(config, 4, 0, "ddp", 50).model_dump() == runs["ddp"]
+    assert "/H20/M4/seed-0/noloco" in runs["noloco"]["out"] and runs["ddp"]["out"].endswith("/runs/M4/seed-0/ddp")
+    # in one process, the backend's clock charges the comparison's link; with processes it is only modelled
+    assert runs["noloco"]["network"]["latency_ms"] == 100 and runs["noloco"]["network"]["inject"] is False
+    processes = CompareConfig(out=str(tmp_path), backend="auto")
+    assert train_config(processes, 2, 0, "noloco").network.latency_ms == 0
     assert config.network.latency_ms == 100 and config.network.bandwidth_gbit == 1
-    injected = CompareConfig(out=str(tmp_path), network={"inject": True, "latency_ms": 5})
+    injected = CompareConfig(out=str(tmp_path), backend="auto", network={"inject": True, "latency_ms": 5})
     assert train_config(injected, 2, 0, "ddp").network.latency_ms == 5
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "noloco,noloco-pp2"], "field 'methods'"),
+    (["--network.inject", "true"], "field 'network': Value error, inject"),
+    (["--backend", "threads"], "allowed values: 'auto', 'gloo', 'nccl', 'in_process'"),
+    (["--outer.every", "0,20"], "outer.every"),
+])
+def test_compare_mistakes_are_reported_by_name(tmp_path, capsys, argv, message):
+    from swarmlm.cli import main
+
+    assert main(["noloco", "compare", "--out", str(tmp_path / "x"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_reuse_check():
-    run = train_config(CompareConfig(out="/tmp/x"), 4, 0, "noloco")
+    run = train_config(CompareConfig(out="/tmp/x"), 4, 0, "noloco", 50)
     saved = run.model_dump(mode="json")
     assert _same_run(saved, run)
-    older = {k: v for k, v in saved.items() if k != "network"}  # written before an option existed: its default
+    older = {k: v for k, v in saved.items() if k != "faults"}  # written before an option existed: its default
     assert _same_run(older, run)
     assert not _same_run({**saved, "steps": 7}, run)
     assert not _same_run({**saved, "inner": {**saved["inner"], "lr": 1.0}}, run)
@@ -68,20 +92,21 @@ def test_compare_miniature_with_injected_link(tmp_path):
     from swarmlm.cli import main
 
     out = tmp_path / "cmp"
-    args = ["--log-level", "WARNING", "noloco", "compare", "--out", str(out), "--replicas", "2", "--methods", "diloco,noloco",
+    args = ["--log-level", "WARNING", "noloco", "compare", "--out", str(out), "--backend", "auto", "--replicas", "2",
+            "--seeds", "0", "--model", "tiny-llama", "--methods", "diloco,noloco",
             "--steps", "4", "--seq-len", "32", "--batch-size", "2", "--outer.every", "2", "--eval-every", "2",
             "--eval-batches", "1", "--inner.warmup-steps", "1", "--calibration-steps", "3", "--progress", "false",
             "--network.inject", "true", "--network.latency-ms", "30", "--network.bandwidth-gbit", "1"]
     assert main(args) == 0
-    for name in ("results.json", "results.md", "ppl.png", "std.png", "calibration.json"):
+    for name in ("results.json", "results.md", "ppl-H2.png", "ratio.png", "std.png", "calibration.json"):
         assert (out / name).stat().st_size > 0, name
     results = json.loads((out / "results.json").read_text())
-    assert set(results["timings"]) == {"M2/seed-0/diloco", "M2/seed-0/noloco"}
-    rows = results["table"]["M2"]
+    assert set(results["timings"]) == {"H2/M2/seed-0/diloco", "H2/M2/seed-0/noloco"}
+    rows = results["table"]["H2"]["M2"]
     assert set(rows) == {"diloco", "noloco"}
     assert rows["diloco"]["ratio_to_diloco"]["mean"] == pytest.approx(1.0)
     assert rows["noloco"]["ratio_to_diloco"]["mean"] == pytest.approx(rows["noloco"]["final_val_ppl"] / rows["diloco"]["final_val_ppl"])
-    assert "within_1pct_of_diloco_or_better" in results["targets"]["M2"]
+    assert "within_1pct_of_diloco_or_better" in results["targets"]["H2"]["M2"]
     link = LinkModel(0.03, 125e6)
     numel = results["calibration"]["parameters"]
     for run in results["runs"]:
@@ -101,10 +126,70 @@ def test_compare_miniature_with_injected_link(tmp_path):
     assert main(args) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["timings"] == {}
-    assert again["table"]["M2"]["noloco"]["final_val_ppl"] == rows["noloco"]["final_val_ppl"]
+    assert again["table"]["H2"]["M2"]["noloco"]["final_val_ppl"] == rows["noloco"]["final_val_ppl"]
     # other settings in the same directory are refused rather than mixed with the old runs
     with pytest.raises(ConfigError):
         from swarmlm.experiments.noloco_compare import run_compare
 
-        run_compare(CompareConfig(out=str(out), replicas=[2], methods=["noloco"], steps=5, seq_len=32, batch_size=2,
-                                  progress=False, network={"inject": True, "latency_ms": 30}))
+        run_compare(CompareConfig(out=str(out), backend="auto", replicas=[2], seeds=[0], methods=["noloco"], steps=5,
+                                  seq_len=32, batch_size=2, outer={"every": 2}, model="tiny-llama", progress=False,
+                                  network={"inject": True, "latency_ms": 30}))
+
+
+def test_compare_miniature_in_process(tmp_path):
+    """The study's shape in miniature, in this process: M = 2 and 4, two seeds, H = 2 and 4, all four methods. DDP
+    trains once per (M, seed) and appears under both H; every cell has its ratios with intervals over the seeds,
+    a common target that every run reaches, per-seed times to it and speed-ups; the measured clock is the
+    backend's own; a second call trains nothing."""
+    from swarmlm.cli import main
+
+    out = tmp_path / "cmp"
+    args = ["--log-level", "WARNING", "noloco", "compare", "--out", str(out), "--replicas", "2,4", "--seeds", "0,1",
+            "--outer.every", "2,4", "--steps", "8", "--eval-every", "4", "--eval-batches", "1", "--seq-len", "16",
+            "--batch-size", "2", "--calibration-steps", "3", "--progress", "false"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["timings"]) == 2 * 2 * (1 + 3 * 2)  # (M, seed) x (ddp once + three methods per H)
+    assert results["settings"]["backend"] == "in_process"
+    command = results["command"].split("swarmlm ", 1)[1].split()  # the same settings, given again, give the same runs
+    from swarmlm.cli import build_parser
+    from swarmlm.config import config_from_args
+    from swarmlm.experiments.noloco_compare import CompareConfig
+
+    again = config_from_args(CompareConfig, build_parser().parse_args([*command, "--progress", "false"]))
+    assert again == config_from_args(CompareConfig, build_parser().parse_args(args[2:]))
+    for name in ("results.md", "ppl-H2.png", "ppl-H4.png", "ratio.png", "std.png"):
+        assert (out / name).stat().st_size > 0, name
+    runs = {(r.get("H"), r["M"], r["seed"], r["variant"]): r for r in results["runs"]}
+    for h in (2, 4):
+        for m in (2, 4):
+            rows = results["table"][f"H{h}"][f"M{m}"]
+            assert set(rows) == {"ddp", "diloco", "diloco-hb", "noloco"}
+            assert rows["ddp"]["final_val_ppl"] == results["table"]["H2"][f"M{m}"]["ddp"]["final_val_ppl"]
+            target = results["common_target_ppl"][f"H{h}"][f"M{m}"]
+            finals = [r["final_val_ppl"] for r in results["runs"] if r["M"] == m and r.get("H") in (h, None)]
+            assert target == max(finals)
+            noloco = rows["noloco"]
+            seeds = noloco["final_val_ppl_seeds"]
+            for ref in ("diloco", "diloco-hb"):
+                ratio = noloco[f"ratio_to_{ref}"]
+                per_seed = [seeds[s] / rows[ref]["final_val_ppl_seeds"][s] for s in seeds]
+                assert ratio["n"] == 2 and ratio["mean"] == pytest.approx(np.mean(per_seed)) and ratio["ci95"] >= 0
+                speed = noloco[f"speedup_to_target_vs_{ref}"]["calibrated"]
+                times = noloco["time_to_target_seeds"]["calibrated"]
+                theirs = rows[ref]["time_to_target_seeds"]["calibrated"]
+                assert speed["mean"] == pytest.approx(np.mean([theirs[k] / times[k] for k in times]))
+            assert all(t is not None for row in rows.values() for t in row["time_to_target_seeds"]["calibrated"].values())
+            assert noloco["last_model_std_before"] > 0
+            # with M = 2 the pair is everyone, and the slow weights stay equal; with M = 4 pairs drift apart
+            assert (noloco["last_model_std_after"] > 0) == (m == 4)
+            assert rows["diloco"]["last_model_std_after"] < 1e-6
+    # the measured clock of an in-process run is the backend's: its last value is the slowest replica's sim_s
+    run = runs[(4, 4, 1, "noloco")]
+    summary = json.loads((Path(run["out"]) / "summary.json").read_text())
+    assert run["sim_s"]["measured"] == pytest.approx(summary["sim_s"])
+    assert [p["step"] for p in run["curve"]] == [0, 4, 8]
+    text = (out / "results.md").read_text()
+    assert "| 4 | 4 | " in text and "common target" in text and "NoLoCo / DiLoCo (heavy-ball)" in text
+    assert main(args) == 0
+    assert json.loads((out / "results.json").read_text())["timings"] == {}

@@ -14,12 +14,12 @@ def test_compare_includes_a_two_stage_noloco_run(tmp_path):
     from swarmlm.config import ConfigError
     from swarmlm.experiments.noloco_compare import CompareConfig, finished, load_run, train_config
 
-    config = CompareConfig(out=str(tmp_path), replicas="2", methods="noloco,noloco-pp2", steps=3)
+    config = CompareConfig(out=str(tmp_path), backend="auto", replicas="2", methods="noloco,noloco-pp2", steps=3)
     plain, piped = train_config(config, 2, 0, "noloco"), train_config(config, 2, 0, "noloco-pp2")
     a, b = plain.model_dump(), piped.model_dump()
     assert {k for k in a if a[k] != b[k]} == {"stages", "out"} and piped.stages == 2 and piped.pipeline.routing == "random"
     with pytest.raises(ConfigError, match="pipeline hops"):
-        train_config(CompareConfig(out=str(tmp_path), network={"inject": True}), 2, 0, "noloco-pp2")
+        train_config(CompareConfig(out=str(tmp_path), backend="auto", network={"inject": True}), 2, 0, "noloco-pp2")
 
     # A finished 2 x 2 run: four ranks in its summary; the curves are read from stage 0 of each replica.
     out = tmp_path / "pp"

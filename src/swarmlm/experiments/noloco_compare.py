@@ -14,17 +14,21 @@ Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of t
 momentum 0.5), which is NoLoCo with the group = all replicas and γ = 0. Against it, NoLoCo differs only in
 averaging with one partner instead of all replicas.
 
-Each (M, seed, method) is one ``noloco train`` run under ``DIR/runs/M<M>/seed-<s>/<method>/``. A finished
-run is reused and an interrupted one resumes from its checkpoints, so the command is resumable.
+Each (H, M, seed, method) is one ``noloco train`` run under ``DIR/runs/H<H>/M<M>/seed-<s>/<method>/`` (DDP,
+which has no outer step, once per (M, seed) under ``DIR/runs/M<M>/seed-<s>/ddp/``, shown with every H). By default
+(``--backend in_process``) the M replicas of a run train in this process, stepped in turn
+(:mod:`swarmlm.noloco.comm.in_process`), so that M = 16 or more fits one CPU core or one GPU; ``--backend auto``
+starts one process per replica instead. A finished run is reused and an interrupted one starts again (or
+resumes from its checkpoints, ``--checkpoint-every``), so the command is resumable.
 
-The simulated wall-clock (see :mod:`swarmlm.noloco.comm.link_model`) is measured compute plus modelled
-communication:
+The simulated wall-clock (see :mod:`swarmlm.noloco.comm.link_model`) is compute plus modelled communication:
 
-- compute: by default (``--compute calibrated``) the CPU time of one replica's inner step, measured here
-  in this process on one thread (``DIR/calibration.json``), the same for every method and every M. CPU
-  time does not count the time a process waits for a core, so it is what one replica would take alone.
-  ``--compute measured`` uses instead each rank's measured wall time per step in its run. On this
-  oversubscribed machine, that charges the all-reduce methods for the time-sharing noise;
+- compute, ``calibrated`` (the headline): one replica's inner step timed here (``DIR/calibration.json``: CPU time
+  on one thread on a CPU, synchronised wall time on a GPU), the same for every method, M and replica;
+- compute, ``measured``: each replica's own measured compute in its run. With the in-process backend this is
+  the clock the backend keeps while training (``sim_s`` in the metrics: one replica runs at a time, so its
+  time is its own); with one process per replica it is rebuilt from each rank's wall time per step, which
+  on an oversubscribed machine includes waiting for a core;
 - communication: the link model's cost of every synchronisation the method makes. Ranks that
   synchronise wait for each other first: all ranks for an all-reduce, the pair for NoLoCo.
 
@@ -50,13 +54,14 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from swarmlm.config import ConfigError, StrictModel, dump_config, parse_list
 from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sim_clock import simulate_clock
 from swarmlm.noloco.comm.link_model import LinkModel
 from swarmlm.noloco.config import (
+    Backend,
     DataSection,
     ExchangeSection,
     InnerSection,
@@ -91,23 +96,58 @@ class CompareNetworkSection(NetworkSection):
     bandwidth_gbit: float = Field(1.0, ge=0, description="bandwidth of every link (Gbit/s); 0 = unlimited")
 
 
-class CompareConfig(StrictModel):
-    """``swarmlm noloco compare``: the three methods (and both DiLoCo baselines), trained alike."""
+class CompareOuterSection(OuterSection):
+    """H, the inner steps between outer steps: one or several values (each a set of runs)."""
 
-    out: str = Field("runs/noloco-compare", description="output directory (results.json, results.md, ppl.png, std.png)")
-    replicas: list[int] = Field([4], description="M values to compare (e.g. 2,4,8)")
+    every: list[int] = Field([20, 50], description="H values (e.g. 20,50; the NoLoCo reference uses 50); DDP has no H "
+                                                   "and runs once")
+
+    _lists = field_validator("every", mode="before")(parse_list)
+
+    @field_validator("every")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if not values or min(values) < 1:
+            raise ValueError("every H must be at least 1")
+        return sorted(set(values))
+
+
+class CompareInnerSection(InnerSection):
+    """The inner optimizer, the same for every method (defaults sized for the nano-llama study)."""
+
+    lr: float = Field(3e-3, gt=0, description="peak learning rate")
+    warmup_steps: int = Field(60, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio * lr")
+
+
+class CompareConfig(StrictModel):
+    """``swarmlm noloco compare``: the three methods (and both DiLoCo baselines), trained alike.
+
+    The defaults are the study of the README (M = 4, 8, 16; seeds 0, 1, 2; H = 20 and 50; 1500 steps, so 30 outer
+    steps at H = 50), sized to end in about 90 minutes on one CPU core with the in-process backend."""
+
+    out: str = Field("runs/noloco-compare", description="output directory (results.json, results.md, ppl-H*.png, "
+                                                       "ratio.png, std.png)")
+    backend: Backend = Field("in_process", description="in_process: each run's M replicas in this process, stepped in "
+                                                       "turn; auto, gloo, nccl: one process per replica")
+    replicas: list[int] = Field([4, 8, 16], description="M values to compare (e.g. 4,8,16)")
     methods: list[Variant] = Field(["ddp", "diloco", "diloco-hb", "noloco"], description="methods to train")
-    seeds: list[int] = Field([0], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
-    model: str = Field("tiny-llama", description="model preset, directory or hub id (the same for every method)")
-    steps: int = Field(300, ge=1, description="inner steps per replica (the same token budget for every method)")
-    seq_len: int = Field(128, ge=8, description="tokens per training sequence")
-    batch_size: int = Field(8, ge=1, description="sequences per micro-batch per replica")
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
+    model: str = Field("nano-llama", description="model preset, directory or hub id (the same for every method)")
+    steps: int = Field(1500, ge=1, description="inner steps per replica (the same token budget for every method)")
+    seq_len: int = Field(32, ge=8, description="tokens per training sequence")
+    batch_size: int = Field(4, ge=1, description="sequences per micro-batch per replica")
     grad_accum: int = Field(1, ge=1, description="micro-batches per inner step")
-    eval_every: int = Field(30, ge=0, description="validation every K steps (the perplexity curves' resolution)")
-    eval_batches: int = Field(16, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
-    checkpoint_every: int = Field(100, ge=0, description="checkpoint every C steps, so that an interrupted run resumes")
-    inner: InnerSection = Field(default_factory=InnerSection)
-    outer: OuterSection = Field(default_factory=OuterSection)
+    eval_every: int = Field(100, ge=0, description="validation every K steps (the perplexity curves' resolution)")
+    eval_batches: int = Field(24, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
+    checkpoint_every: int = Field(0, ge=0, description="checkpoint every C steps, so that an interrupted run resumes "
+                                                       "(0: only at its end; an interrupted run then starts again)")
+    device: str = Field("auto", description="auto, cpu, cuda or mps (in_process: the one device of every run)")
+    threads: int = Field(1, ge=0, description="torch threads of the in-process runs and of the calibration (0 = torch's "
+                                              "default)")
+    log_every: int = Field(10, ge=1, description="a per-step metrics line every L steps (in_process runs; one process "
+                                                 "per replica logs every step, for its measured clock)")
+    inner: CompareInnerSection = Field(default_factory=CompareInnerSection)
+    outer: CompareOuterSection = Field(default_factory=CompareOuterSection)
     noloco: NoLoCoSection = Field(default_factory=NoLoCoSection, description="NoLoCo's outer step (defaults: the NoLoCo paper's)")
     data: DataSection = Field(default_factory=DataSection)
     exchange: ExchangeSection = Field(default_factory=ExchangeSection)
@@ -127,21 +167,46 @@ class CompareConfig(StrictModel):
             raise ValueError("every M must be at least 2")
         return sorted(set(values))
 
+    @field_validator("methods")
+    @classmethod
+    def _methods_fit_backend(cls, values: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("backend") == "in_process" and "noloco-pp2" in values:
+            raise ValueError("noloco-pp2 needs one process per pipeline stage; use --backend auto for it")
+        return values
 
-def run_dir(out: str | Path, m: int, seed: int, variant: str) -> Path:
-    return Path(out) / "runs" / f"M{m}" / f"seed-{seed}" / variant
+    @field_validator("network")
+    @classmethod
+    def _network_fits_backend(cls, value: CompareNetworkSection, info: ValidationInfo) -> CompareNetworkSection:
+        if info.data.get("backend") == "in_process" and value.inject:
+            raise ValueError("inject: the in_process backend never sleeps, it charges the link to its simulated "
+                             "clock; use --backend auto to inject the link")
+        return value
+
+    @property
+    def in_process(self) -> bool:
+        return self.backend == "in_process"
 
 
-def train_config(config: CompareConfig, m: int, seed: int, variant: str) -> TrainConfig:
-    """The ``noloco train`` configuration of one run: everything shared, except the method and its outer step."""
+def run_dir(out: str | Path, m: int, seed: int, variant: str, h: int | None = None) -> Path:
+    if VARIANTS[variant]["method"] == "ddp" or h is None:
+        return Path(out) / "runs" / f"M{m}" / f"seed-{seed}" / variant
+    return Path(out) / "runs" / f"H{h}" / f"M{m}" / f"seed-{seed}" / variant
+
+
+def train_config(config: CompareConfig, m: int, seed: int, variant: str, h: int | None = None) -> TrainConfig:
+    """The ``noloco train`` configuration of one run: everything shared, except the method, its outer step and H
+    (``h``, default the first of ``outer.every``; DDP, which has none, logs its model std every min(H) steps)."""
     spec = VARIANTS[variant]
+    ddp = spec["method"] == "ddp"
+    h = min(config.outer.every) if ddp or h is None else h
     data = {
-        "method": spec["method"], "nproc": m, "out": str(run_dir(config.out, m, seed, variant)), "model": config.model,
+        "method": spec["method"], "nproc": m, "out": str(run_dir(config.out, m, seed, variant, None if ddp else h)),
+        "model": config.model, "backend": config.backend, "device": config.device,
         "steps": config.steps, "seq_len": config.seq_len, "batch_size": config.batch_size, "grad_accum": config.grad_accum,
         "seed": seed, "eval_every": config.eval_every, "eval_batches": config.eval_batches,
         "checkpoint_every": config.checkpoint_every, "keep_checkpoints": 1, "progress": False,
-        "inner": config.inner.model_dump(), "outer": config.outer.model_dump(), "noloco": config.noloco.model_dump(),
-        "data": config.data.model_dump(), "exchange": config.exchange.model_dump(),
+        "inner": config.inner.model_dump(), "outer": {**config.outer.model_dump(), "every": h},
+        "noloco": config.noloco.model_dump(), "data": config.data.model_dump(), "exchange": config.exchange.model_dump(),
     }
     if "diloco" in spec:
         data["diloco"] = spec["diloco"]
@@ -149,7 +214,12 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str) -> Trai
         if config.network.inject:
             raise ConfigError(f"{variant}: the injected link does not apply to pipeline hops; use the modelled link")
         data["stages"] = spec["stages"]
-    if config.network.inject:  # the link really delays the run's messages; otherwise it is only modelled
+    if config.in_process:
+        # the backend's own clock charges the same link; many replicas log sparsely and without fsync
+        data["network"] = config.network.model_dump()
+        data["threads"] = config.threads
+        data["log"] = {"every": config.log_every, "tensorboard": False, "fsync": False}
+    elif config.network.inject:  # the link really delays the run's messages; otherwise it is only modelled
         data["network"] = config.network.model_dump()
     return TrainConfig.model_validate(data)
 
@@ -186,29 +256,44 @@ def finished(run: TrainConfig) -> bool:
 # compute calibration
 # ----------------------------------------------------------------------------------------------
 def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
-    """CPU and wall time of one replica's inner step (forward, backward, clipping, AdamW), on one thread,
-    measured in this process; cached in ``path`` for the same model and batch shape."""
+    """The time of one replica's inner step (forward, backward, clipping, AdamW), measured in this process and cached
+    in ``path`` for the same model, batch shape and device: on a CPU its CPU time on one thread (what one replica
+    takes alone, however busy the machine), on a GPU its wall time between device synchronisations (bf16 autocast
+    where the runs use it). ``step_s`` is the figure the calibrated clock charges."""
+    import os
+
+    import torch
+
+    from swarmlm.runtime.devices import resolve_device
+
+    device = resolve_device(config.device)
     key = {"model": config.model, "seq_len": config.seq_len, "batch_size": config.batch_size,
-           "grad_accum": config.grad_accum, "optimizer": config.inner.optimizer, "steps": config.calibration_steps}
+           "grad_accum": config.grad_accum, "optimizer": config.inner.optimizer, "steps": config.calibration_steps,
+           "device": device.type}
     if path.exists():
         cached = json.loads(path.read_text())
         if cached.get("key") == key:
             return cached
-    import os
-
-    import torch
 
     from swarmlm.models import load_model
     from swarmlm.noloco.data import prepare, replica_data
     from swarmlm.noloco.launch import load_tokenizer
     from swarmlm.noloco.replica import inner_optimizer
+    from swarmlm.runtime.devices import autocast
+
+    cuda = device.type == "cuda"
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         prepare(config.data, load_tokenizer(config.model))
         loaded = load_model(config.model, seed=0)
-        model = loaded.model.to("cpu")
+        model = loaded.model.to(device)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         inner = config.inner
@@ -217,21 +302,27 @@ def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
                             batch_size=config.batch_size, seed=0)
         cpu, wall = [], []
         for i in range(config.calibration_steps):
+            sync()
             c0, w0 = time.process_time(), time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             for _ in range(config.grad_accum):
-                batch = data.sampler.next_batch()
-                loss = model(input_ids=batch, labels=batch).loss / config.grad_accum
+                batch = data.sampler.next_batch().to(device)
+                with autocast(device, bf16):
+                    loss = model(input_ids=batch, labels=batch).loss / config.grad_accum
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(params, inner.clip)
             optimizer.step()
+            sync()
             if i > 0:
                 cpu.append(time.process_time() - c0)
                 wall.append(time.perf_counter() - w0)
         numel = sum(p.numel() for p in params)
     finally:
         torch.set_num_threads(threads)
-    result = {"key": key, "cpu_s_per_step": statistics.median(cpu), "wall_s_per_step": statistics.median(wall),
+    cpu_s, wall_s = statistics.median(cpu), statistics.median(wall)
+    result = {"key": key, "device": str(device), "step_s": wall_s if cuda else cpu_s,
+              "step_s_is": "synchronised wall time" if cuda else "CPU time on one thread",
+              "cpu_s_per_step": cpu_s, "wall_s_per_step": wall_s,
               "cpu_s_all": cpu, "wall_s_all": wall, "threads": 1, "parameters": numel,
               "loadavg": os.getloadavg(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     path.write_text(json.dumps(result, indent=1))
@@ -284,8 +375,13 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
     def groups(k: int):
         return make_groups(m, run.noloco.group_size, run.seed, k, run.noloco.leftover)
 
-    measured = measured_compute(records, steps)
-    step_s = free_step_s = calibration["cpu_s_per_step"]
+    in_process = run.backend == "in_process"
+    if in_process:  # the backend's own clock: each replica's compute, measured alone, plus the same link
+        last_rows = [rows[-1] for rows in records.values() if rows]
+        measured = np.array([[row["compute_s"] / steps] for row in last_rows])  # only for the per-step median
+    else:
+        measured = measured_compute(records, steps)
+    step_s = free_step_s = calibration.get("step_s", calibration["cpu_s_per_step"])
     if run.stages > 1:
         from swarmlm.experiments.gpipe_time import activation_bytes, gpipe_step_s
 
@@ -293,12 +389,24 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
         micro = run.grad_accum * run.pipeline.micro_batches
         step_s = gpipe_step_s(step_s, run.stages, micro, link.message_s(activation_bytes(run)))
         free_step_s = gpipe_step_s(free_step_s, run.stages, micro, 0.0)  # the hand-overs count as communication
-    clocks = {
-        "calibrated": simulate_clock(run.method, np.full((m, steps), step_s), link=link,
-                                     every=every, nbytes=nbytes, groups=groups),
-        "measured": simulate_clock(run.method, measured, link=link, every=every, nbytes=nbytes, groups=groups),
-    }
-    comm_free = {"calibrated": steps * free_step_s, "measured": float(measured.sum(axis=1).max())}
+    clocks = {"calibrated": simulate_clock(run.method, np.full((m, steps), step_s), link=link,
+                                           every=every, nbytes=nbytes, groups=groups)}
+    comm_free = {"calibrated": steps * free_step_s}
+    if in_process:
+        at: dict[int, list[float]] = {}
+        for rows in records.values():
+            for row in rows:
+                if row.get("sim_s") is not None:
+                    at.setdefault(row["step"], []).append(row["sim_s"])
+        in_run = np.zeros((m, steps))  # the backend's clock where it logged it (every logged step, every replica)
+        for st, values in at.items():
+            if 1 <= st <= steps:
+                in_run[:, st - 1] = max(values)
+        clocks["measured"] = in_run
+        comm_free["measured"] = max(row["compute_s"] for row in last_rows)
+    else:
+        clocks["measured"] = simulate_clock(run.method, measured, link=link, every=every, nbytes=nbytes, groups=groups)
+        comm_free["measured"] = float(measured.sum(axis=1).max())
     evals: dict[int, list[float]] = {}
     for rows in records.values():
         for row in rows:
@@ -317,7 +425,8 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
     last = {r: rows[-1] for r, rows in records.items() if rows}
     final = curve[-1] if curve and curve[-1]["step"] == steps else None
     return {
-        "variant": variant, "method": run.method, "M": m, "seed": run.seed, "steps": steps, "out": run.out,
+        "variant": variant, "method": run.method, "H": None if run.method == "ddp" else every, "M": m, "seed": run.seed,
+        "steps": steps, "out": run.out, "backend": run.backend,
         "final_val_ppl": final["val_ppl"] if final else None,
         "final_val_ppl_ranks": final["val_ppl_ranks"] if final else None,
         "curve": curve, "model_std": std,
@@ -325,6 +434,7 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
         "bytes_sent_per_rank": max((row.get("bytes_sent", 0) for row in last.values()), default=0),
         "measured_comm_s": max((row.get("comm_s", 0.0) for row in last.values()), default=0.0),
         "measured_compute_s_per_step": float(np.median(measured)),
+        "model_std_mean": _mean_std(std),
         "sim_s": {name: float(clock[:, -1].max()) for name, clock in clocks.items()},
         "sim_comm_s": {name: float(clock[:, -1].max()) - comm_free[name] for name, clock in clocks.items()},
         "skipped_total": sum(row.get("skipped_total", 0) or 0 for row in last.values()),
@@ -333,11 +443,34 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
     }
 
 
+def _mean_std(std: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The model std before and after the outer steps, averaged over the run's outer steps."""
+    out: dict[str, float | None] = {}
+    for key in ("before", "after"):
+        values = [p[key] for p in std if p.get(key) is not None]
+        out[key] = float(np.mean(values)) if values else None
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # the command
 # ----------------------------------------------------------------------------------------------
-def plan(config: CompareConfig) -> list[tuple[int, int, str]]:
-    return [(m, s, v) for m in config.replicas for s in config.seeds for v in config.methods]
+def plan(config: CompareConfig) -> list[tuple[int | None, int, int, str]]:
+    """Every run, as (H, M, seed, method); DDP once per (M, seed), with H None. Seed by seed, so that an
+    interrupted study already holds whole seeds."""
+    runs = []
+    for seed in config.seeds:
+        for m in config.replicas:
+            for v in config.methods:
+                if VARIANTS[v]["method"] == "ddp":
+                    runs.append((None, m, seed, v))
+                else:
+                    runs.extend((h, m, seed, v) for h in config.outer.every)
+    return runs
+
+
+def run_key(h: int | None, m: int, seed: int, variant: str) -> str:
+    return ("" if h is None else f"H{h}/") + f"M{m}/seed-{seed}/{variant}"
 
 
 def run_compare(config: CompareConfig) -> dict[str, Any]:
@@ -351,29 +484,53 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
     dump_config(config, out / "config.yaml")
     started = time.time()
     runs = plan(config)
-    for m, seed, variant in runs:  # check every reused run before training anything
-        run = train_config(config, m, seed, variant)
+    for h, m, seed, variant in runs:  # check every reused run before training anything
+        run = train_config(config, m, seed, variant, h)
         saved = Path(run.out) / "config.yaml"
         if saved.exists() and not _same_run(yaml.safe_load(saved.read_text()) or {}, run):
             raise ConfigError(f"{run.out} holds a run with other settings; use another --out, or delete it")
     calibration = calibrate(config, out / "calibration.json")
     bar = tqdm(runs, desc="compare runs", unit="run", disable=not config.progress)
     timings: dict[str, float] = {}
-    for m, seed, variant in bar:
-        run = train_config(config, m, seed, variant)
-        bar.set_postfix(M=m, seed=seed, method=variant)
+    for h, m, seed, variant in bar:
+        run = train_config(config, m, seed, variant, h)
+        bar.set_postfix(H=h or "-", M=m, seed=seed, method=variant)
         if finished(run):
             continue
         t0 = time.time()
         summary = run_training(run)
-        timings[f"M{m}/seed-{seed}/{variant}"] = round(time.time() - t0, 1)
+        timings[run_key(h, m, seed, variant)] = round(time.time() - t0, 1)
         if summary.get("interrupted"):
             raise KeyboardInterrupt  # its checkpoints are saved; the same command resumes
     link = LinkModel.from_config(config.network)
-    numbers = [run_numbers(config, train_config(config, m, s, v), v, load_run(train_config(config, m, s, v)), calibration, link)
-               for m, s, v in runs]
-    results = write_report(config, numbers, calibration, link, wall_s=round(time.time() - started, 1), timings=timings)
+    numbers = [run_numbers(config, train_config(config, m, s, v, h), v, load_run(train_config(config, m, s, v, h)),
+                           calibration, link) for h, m, s, v in runs]
+    results = write_report(config, numbers, calibration, link, wall_s=round(time.time() - started, 1), timings=timings,
+                           command=command_line(config))
     return results
+
+
+def command_line(config: CompareConfig) -> str:
+    """The command that gives ``config``: ``swarmlm noloco compare`` with every option that differs from its
+    default, after the torch thread setting it ran under."""
+    import os
+    import shlex
+
+    def leaves(data: dict[str, Any], default: dict[str, Any], prefix: str = "") -> list[str]:
+        out = []
+        for key, value in data.items():
+            name = prefix + key
+            if isinstance(value, dict):
+                out += leaves(value, default.get(key) or {}, name + ".")
+            elif value != default.get(key) and key != "progress":
+                text = ",".join(map(str, value)) if isinstance(value, list) else (
+                    str(value).lower() if isinstance(value, bool) else str(value))
+                out.append(f"--{name.replace('_', '-')} {shlex.quote(text)}")
+        return out
+
+    threads = os.environ.get("OMP_NUM_THREADS")
+    flags = leaves(config.model_dump(mode="json"), CompareConfig().model_dump(mode="json"))
+    return (f"OMP_NUM_THREADS={threads} " if threads else "") + " ".join(["swarmlm noloco compare", *flags])
 
 
 def compare_command(config: CompareConfig) -> int:
@@ -384,5 +541,6 @@ def compare_command(config: CompareConfig) -> int:
         print(f"interrupted; run the same command again to resume ({config.out})")
         return 130
     print((Path(config.out) / "results.md").read_text())
-    print(f"wrote {config.out}/results.json, results.md, ppl.png, std.png")
+    print(f"wrote {config.out}/results.json, results.md, " + ", ".join(f"ppl-H{h}.png" for h in config.outer.every)
+          + ", ratio.png, std.png")
     return 0
