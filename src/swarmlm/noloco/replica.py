@@ -193,6 +193,8 @@ class Replica:
         self.comm.traffic.load_named(state, OUTER_STEP_NAMES)
         self.compute_s = state["compute_s"]
         self.tokens = state["tokens"]
+        if "sim_s" in state:  # the in-process backend's simulated clock
+            self.comm.resume_clock(state["sim_s"])
         self.inner_step.load_state_dict(state)
         load_rng_state(checkpoint)
         self.step = self.saved_step = target
@@ -207,7 +209,8 @@ class Replica:
                 delta = buffer if buffer is not None else torch.zeros_like(self.phi)
             state = {"method": self.method, "scheduler": self.scheduler.state_dict(), "sampler": self.data.sampler.state_dict(),
                      **self.comm.traffic.named(OUTER_STEP_NAMES), "compute_s": self.compute_s, "tokens": self.tokens,
-                     **self.inner_step.state_dict()}
+                     **self.inner_step.state_dict(),
+                     **({"sim_s": self.comm.sim_clock_s} if self.comm.sim_clock_s is not None else {})}
             self.saved_step = self.step
             save_checkpoint(checkpoint_dir(self.config.out, self.rank), self.step, model=self.model,
                             optimizer=self.optimizer, state=state, tensors={"phi": self.phi.cpu(), "delta": delta.cpu()},

@@ -241,3 +241,32 @@ def test_replicas_is_nproc():
 
     assert TrainConfig(replicas=16, backend="in_process").nproc == 16
     assert TrainConfig(replicas=4, nproc=4).nproc == 4
+
+
+@pytest.mark.slow
+def test_stop_and_resume_keep_the_clock(tmp_path):
+    """A run stopped at step 4 (as Ctrl+C stops one: every replica at one step, with a checkpoint) and resumed
+    ends with the losses, weights and simulated clock's link charges of an uninterrupted run; the checkpoint holds
+    the replica's clock beside the usual state."""
+    import json
+
+    from swarmlm.noloco.replica import checkpoint_dir
+
+    common = ["--log-level", "ERROR", "noloco", "train", "--method", "diloco", *TINY, "--seed", "5",
+              "--network.latency-ms", "200", "--checkpoint-every", "0"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main([*common, "--out", str(whole)]) == 0
+    assert main([*common, "--out", str(parts), "--stop-after", "4"]) == 0
+    state = json.loads((checkpoint_dir(parts, 2) / "step-000004" / "state.json").read_text())
+    assert main([*common, "--out", str(parts)]) == 0
+    a = {row["step"]: row for row in read_jsonl(rank_dir(whole, 2) / "metrics.jsonl")}
+    b = {row["step"]: row for row in read_jsonl(rank_dir(parts, 2) / "metrics.jsonl")}
+    assert b[8]["loss"] == pytest.approx(a[8]["loss"], rel=1e-5) and b[8]["val_loss"] == pytest.approx(a[8]["val_loss"], rel=1e-5)
+    # two all-reduces of 4 replicas over 200 ms hops, the cheapest in 4 hops (tree, halving-doubling): 0.8 s each,
+    # plus the waits for the slowest replica on the clock
+    hops = LinkModel(0.2).allreduce_s(1, 4)
+    assert hops == pytest.approx(0.8)
+    for rows in (a, b):
+        assert 2 * hops - 1e-9 <= rows[8]["comm_s"] < 2 * hops + 1.0
+        assert rows[8]["sim_s"] > 2 * hops  # after resuming, the clock goes on from the checkpoint's
+    assert state["sim_s"] >= hops and b[4]["sim_s"] == pytest.approx(state["sim_s"])

@@ -133,6 +133,9 @@ class Communicator(ABC):
         time spent inside, outside its own calls, as this rank's compute. Evaluation and checkpoints stay outside."""
         return contextlib.nullcontext()
 
+    def resume_clock(self, seconds: float) -> None:
+        """Set the simulated clock to a checkpoint's (a backend with one); a real backend has nothing to set."""
+
     def stall(self, seconds: float) -> None:
         """An injected stall of this rank (fault injection): real backends sleep; a simulated clock just advances."""
         time.sleep(seconds)

@@ -273,6 +273,9 @@ class InProcessCommunicator(Communicator):
             if self._busy_since is not None:
                 self._busy_since = now
 
+    def resume_clock(self, seconds: float) -> None:
+        self.clock = float(seconds)
+
     def stall(self, seconds: float) -> None:
         self._charge()
         self.clock += seconds
