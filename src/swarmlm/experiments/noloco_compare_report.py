@@ -22,6 +22,7 @@ LABELS = {"ddp": "DDP", "diloco": "DiLoCo (Nesterov 0.9)", "diloco-hb": "DiLoCo 
 REFERENCES_ORDER = ("diloco", "diloco-hb", "diloco-matched")  # the last is a control, when it was run
 SHORT = {"diloco": "DiLoCo (Nesterov)", "diloco-hb": "DiLoCo (heavy-ball)", "diloco-matched": "the control"}
 CLOCKS = ("calibrated", "measured")
+AXES = (*CLOCKS, "steps")  # the two simulated clocks, and inner steps (a link that costs nothing)
 
 DESC = {
     "ddp": "all-reduce of the gradients every step",
@@ -108,8 +109,11 @@ def cell_table(config, per: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, 
             if finals.get(ref):
                 row[f"ratio_to_{ref}"] = _stat([finals[v][s] / finals[ref][s] for s in finals[v] if s in finals[ref]])
         if target is not None:
-            for clock in CLOCKS:
-                times = {r["seed"]: time_to_reach(*_curve(r, f"sim_s_{clock}")[1:], target) for r in runs}
+            for clock in AXES:
+                if clock == "steps":
+                    times = {r["seed"]: time_to_reach(_curve(r)[1], _curve(r)[0].astype(float), target) for r in runs}
+                else:
+                    times = {r["seed"]: time_to_reach(*_curve(r, f"sim_s_{clock}")[1:], target) for r in runs}
                 row.setdefault("time_to_target", {})[clock] = _stat([t for t in times.values() if t is not None])
                 row.setdefault("time_to_target_seeds", {})[clock] = times
         rows[v] = row
@@ -117,7 +121,7 @@ def cell_table(config, per: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, 
         for ref in REFERENCES_ORDER:
             if ref not in rows or "time_to_target_seeds" not in row:
                 continue
-            for clock in CLOCKS:
+            for clock in AXES:
                 mine, theirs = row["time_to_target_seeds"][clock], rows[ref]["time_to_target_seeds"][clock]
                 ratios = [theirs[s] / mine[s] for s in mine if mine[s] and theirs.get(s)]
                 row.setdefault(f"speedup_to_target_vs_{ref}", {})[clock] = _stat(ratios)
@@ -278,12 +282,14 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         "of each (H, M) is the highest final perplexity of any of its runs, so that every run reaches it; times are "
         "per seed (mean ± 95% CI), speed-ups are per seed too (the baseline's time over the method's). 'Measured' "
         "uses each replica's own measured compute"
-        + (" (the in-process backend's clock)." if config.backend == "in_process" else " (each rank's wall time per step)."),
+        + (" (the in-process backend's clock)" if config.backend == "in_process" else " (each rank's wall time per step)")
+        + "; 'inner steps' is the same with a link that costs nothing (convergence per step alone).",
         "",
         "| H | M | target ppl | method | simulated total (s) | of which communication (s) | to target (s) | "
         + "".join(f"speed-up vs {SHORT[r]} | " for r in refs) + "measured clock: to target (s) | "
-        + "".join(f"measured: vs {SHORT[r]} | " for r in refs),
-        "|---|---|---|---|---|---|---|" + "---|" * (2 * len(refs) + 1),
+        + "".join(f"measured: vs {SHORT[r]} | " for r in refs) + "inner steps to target | "
+        + "".join(f"in steps: vs {SHORT[r]} | " for r in refs),
+        "|---|---|---|---|---|---|---|" + "---|" * (3 * len(refs) + 2),
     ]
     for hkey, cells in results["table"].items():
         for mkey, rows in cells.items():
@@ -296,7 +302,9 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
                     f"{_timed(tt.get('calibrated'))} | "
                     + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('calibrated'))} | " for r in refs)
                     + f"{_timed(tt.get('measured'))} | "
-                    + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('measured'))} | " for r in refs))
+                    + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('measured'))} | " for r in refs)
+                    + f"{_timed(tt.get('steps'))} | "
+                    + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('steps'))} | " for r in refs))
     lines += [
         "",
         "Time to each baseline's own final perplexity (mean curves over seeds, calibrated clock; 'never': not reached "
