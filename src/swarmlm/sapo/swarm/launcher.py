@@ -120,6 +120,8 @@ class _Follower:
                 row = json.loads(line)
             except ValueError:
                 continue
+            if row.get("round", 0) < 1:  # the node's round-0 row (held-out pass@1 before training) is no step
+                continue
             self.rows += 1
             self.accepted += row.get("records_accepted", 0)
             self.dropped += row.get("records_dropped", 0)
@@ -130,7 +132,7 @@ def _status(followers: list[_Follower]) -> tuple[int, dict[str, Any]]:
     for f in followers:
         f.poll()
     lasts = [f.last for f in followers if f.last is not None]
-    rewards = [r["reward_own"] for r in lasts]
+    rewards = [r["reward_own"] for r in lasts if r.get("reward_own") is not None]
     peers = [r.get("peers_seen", 0) for r in lasts]
     postfix = {"reward": f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
                "peers": min(peers) if peers else 0, "accepted": sum(f.accepted for f in followers),
