@@ -35,9 +35,15 @@ def is_zero_advantage(rewards: torch.Tensor | list[float], tol: float = 1e-9) ->
     return bool((values.max() - values.min()).abs() <= tol)
 
 
-def per_token_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """The k3 estimator of KL(π‖π_ref) per token: ``exp(ref - logp) - (ref - logp) - 1`` (always ≥ 0)."""
+def per_token_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The k3 estimator of KL(π‖π_ref) per token: ``exp(ref - logp) - (ref - logp) - 1`` (always ≥ 0).
+
+    With ``mask``, positions outside it are 0 *before* the exponential: there (padding, the prompt) the two
+    log-probs can be far apart, and ``exp`` of the gap overflows to inf, which a later multiplication by a zero
+    mask turns into NaN, in the loss and in every gradient."""
     delta = ref_logp - logp
+    if mask is not None:
+        delta = torch.where(mask.bool(), delta, torch.zeros_like(delta))
     return torch.exp(delta) - delta - 1
 
 
@@ -71,7 +77,7 @@ def grpo_loss(
     if beta != 0.0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp from a reference model")
-        kl = per_token_kl(logp, ref_logp)
+        kl = per_token_kl(logp, ref_logp, mask)
         per_token = per_token + beta * kl
     if weights is not None:
         w = weights.detach().to(logp.dtype)
