@@ -327,6 +327,25 @@ def test_per_token_kl_is_nonnegative_and_zero_at_equality():
     assert torch.all(per_token_kl(a, a) == 0)
 
 
+def test_kl_outside_the_mask_cannot_make_the_loss_nan():
+    """A peaked policy: outside the completion mask (padding) the policy's and the reference's log-probs are far
+    apart, and exp of the gap overflows. The loss and its gradient must stay finite, and equal to the loss of the
+    masked positions alone."""
+    logp = torch.tensor([[-0.1, -0.2, -200.0, -300.0], [-0.3, -150.0, -400.0, -500.0]], requires_grad=True)
+    ref = torch.tensor([[-0.2, -0.1, 0.0, 0.0], [-0.2, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, stats = grpo_loss(logp, logp.detach(), adv, mask, beta=0.04, ref_logp=ref)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all() and torch.isfinite(stats["kl"])
+    assert (logp.grad[mask == 0] == 0).all()
+    kept = mask.bool()
+    delta = ref[kept] - logp.detach()[kept]
+    expected_kl = (torch.exp(delta) - delta - 1).sum() / kept.sum()
+    expected = (-(adv.unsqueeze(1).expand_as(logp)[kept])).sum() / kept.sum() + 0.04 * expected_kl
+    assert torch.allclose(loss, expected, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- micro-batching
 def test_num_tokens_makes_micro_batches_add_up_to_the_full_batch(model_dir, batch, tmp_path):
     """Our micro-batches with ``num_tokens`` = the step's token count give the full-batch gradient, and TRL's
@@ -487,3 +506,43 @@ def test_node_update_gradient_does_not_depend_on_micro_batch_size(tmp_path):
     assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)
     for p, q in zip(a.model.parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_node_update_skips_zero_advantage_samples_and_takes_the_same_step(tmp_path, monkeypatch):
+    """Samples with advantage 0 take no forward or backward pass, yet the step is the one over all samples: their
+    tokens stay in the token mean's denominator (checked against the loss of the whole batch, computed here)."""
+    import copy
+
+    import swarmlm.sapo.update as update_module
+
+    node = _node(tmp_path, "skip")
+    # SGD with momentum here (Adam would magnify float noise in near-zero gradients into visible differences)
+    node.updater.optimizer = node.optimizer = torch.optim.SGD(node.model.parameters(), lr=0.1, momentum=0.9)
+    samples = _update_samples(node.tokenizer.eos_token_id)
+    for s in samples[:5]:
+        s.advantage = 0.0
+    reference = copy.deepcopy(node.model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    logp, mask = token_logprobs(reference, collate(samples, node.tokenizer.pad_token_id))
+    adv = torch.tensor([s.advantage for s in samples])
+    grpo_loss(logp, logp.detach(), adv, mask)[0].backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+    opt.step()
+
+    forwarded = []
+    real = update_module.sample_logprobs
+    monkeypatch.setattr(update_module, "sample_logprobs",
+                        lambda model, chunk, pad: forwarded.extend(chunk) or real(model, chunk, pad))
+    stats = node.update(samples)
+    assert len(forwarded) == 3 and all(s.advantage != 0 for s in forwarded)
+    assert stats["trained_samples"] == pytest.approx(3 / 8)
+    for p, q in zip(node.model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    # nothing to train on: no pass at all, and the optimizer's step with a zero gradient (momentum still moves)
+    forwarded.clear()
+    for s in samples:
+        s.advantage = 0.0
+    before = [p.detach().clone() for p in node.model.parameters()]
+    stats = node.update(samples)
+    assert forwarded == [] and stats["grad_norm"] == 0.0 and stats["loss"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, node.model.parameters()))  # momentum from the first step

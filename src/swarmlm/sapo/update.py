@@ -14,6 +14,11 @@ accumulated over micro-batches of ``micro_batch_size`` sequences.
   before the update, so that text this policy finds much less likely than its own counts less (the weights need
   every old log-prob first).
 * **Reference model.** With ``beta`` > 0 the loss adds β·KL to a frozen copy of the initial policy.
+* **Zero advantage costs nothing.** With ``beta`` = 0 a completion whose advantage is 0 (every completion of a
+  group whose rewards are all equal, the common case for a weak policy) adds 0 to the loss and its gradient, clipped
+  or not: it takes no forward or backward pass. Its tokens still count in the token mean's denominator, so the
+  update is exactly the one over all samples (DAPO, arXiv 2503.14476, instead drops such groups from the batch,
+  which changes the step).
 """
 
 from __future__ import annotations
@@ -67,11 +72,13 @@ class GRPOUpdate:
 
     def update(self, samples: list[TrainSample], rng: random.Random) -> dict[str, float]:
         """``ppo_epochs`` × ``num_minibatches`` optimizer steps on ``samples``, in an order drawn from ``rng``;
-        returns the loss, the clipped fraction, the gradient norm (and the KL where ``beta`` > 0)."""
+        returns the loss, the clipped fraction, the gradient norm, the mean −log p of the trained samples' tokens
+        (an entropy estimate), the share of samples that trained (non-zero advantage) and the KL where ``beta`` > 0."""
         cfg = self.section
         if not samples:
             return {"loss": None}
         needs_old = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1 or cfg.external_weight == "truncated"
+        trains = [cfg.beta > 0 or s.advantage != 0.0 for s in samples]  # the others add exactly 0 (module docstring)
         order = list(range(len(samples)))
         rng.shuffle(order)  # the first pass's order
         per_mb = math.ceil(len(order) / cfg.num_minibatches)
@@ -83,11 +90,11 @@ class GRPOUpdate:
             # The first minibatch of the first pass runs on the unchanged policy: its forward pass gives its old
             # log-probs (kept below). Only the samples after it need a separate pass before the first step.
             old = [None] * len(samples)
-            rest = order[per_mb:]
+            rest = [i for i in order[per_mb:] if trains[i]]
             for i, lp in zip(rest, self.logprobs(self.model, [samples[i] for i in rest]) if rest else []):
                 old[i] = lp
-        ref = self.logprobs(self.ref_model, samples) if self.ref_model is not None else None
-        losses, clip_fracs, kls, grad_norms = [], [], [], []
+        ref = self.logprobs(self.ref_model, samples) if self.ref_model is not None else None  # beta > 0: all train
+        losses, clip_fracs, kls, grad_norms, nlls = [], [], [], [], []
         for epoch in range(cfg.ppo_epochs):
             if epoch > 0:
                 rng.shuffle(order)
@@ -97,7 +104,11 @@ class GRPOUpdate:
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_loss = 0.0
                 # sorted so that micro-batches waste little padding and a group's shared prompt runs once
-                mb_sorted = micro_batch_order(samples, mb)
+                mb_sorted = micro_batch_order(samples, [i for i in mb if trains[i]])
+                if not mb_sorted:  # the step all samples would have given: a zero gradient (Adam's moments still move)
+                    for param in self.model.parameters():
+                        if param.requires_grad:
+                            param.grad = torch.zeros_like(param)
                 for mi in range(0, len(mb_sorted), cfg.micro_batch_size):
                     idx = mb_sorted[mi:mi + cfg.micro_batch_size]
                     chunk = [samples[i] for i in idx]
@@ -122,6 +133,8 @@ class GRPOUpdate:
                     mb_loss += loss.item()
                     tokens = float(mask.sum())  # per-token statistics, weighted by each micro-batch's tokens
                     clip_fracs.append((stats["clip_frac"].item(), tokens))
+                    if epoch == 0:  # −log p of the sampled tokens before any step: a Monte Carlo estimate of entropy
+                        nlls.append((-float((logp.detach() * mask).sum()) / max(1.0, tokens), tokens))
                     if "kl" in stats:
                         kls.append((stats["kl"].item(), tokens))
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
@@ -132,7 +145,8 @@ class GRPOUpdate:
             return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
 
         out = {"loss": sum(losses) / len(losses), "clip_frac": token_mean(clip_fracs),
-               "grad_norm": sum(grad_norms) / len(grad_norms)}
+               "grad_norm": sum(grad_norms) / len(grad_norms), "token_nll": token_mean(nlls) if nlls else None,
+               "trained_samples": sum(trains) / len(samples)}
         if kls:
             out["kl"] = token_mean(kls)
         return out
