@@ -34,7 +34,9 @@ def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
     for k in range(nodes):
         node = out / f"node-{k}"
         rows = read_jsonl(node / "metrics.jsonl")
-        assert [r["round"] for r in rows] == list(range(1, rounds + 1))
+        assert [r["round"] for r in rows] == list(range(0, rounds + 1))
+        start, rows = rows[0], rows[1:]  # round 0: held-out pass@1 before any update
+        assert 0.0 <= start["eval_pass1"] <= 1.0 and summary["nodes"][f"node-{k}"]["first_eval_pass1"] == start["eval_pass1"]
         for r in rows:
             assert REQUIRED <= set(r), REQUIRED - set(r)
             assert 0.0 <= r["reward_own"] <= 1.0

@@ -21,12 +21,14 @@ def _run_numbers(nodes: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """One run's figures from its nodes' per-round metrics."""
     totals = [node_totals(rows) for rows in nodes]
     finals = [t["final_eval_pass1"] for t in totals if t["final_eval_pass1"] is not None]
+    firsts = [t["first_eval_pass1"] for t in totals if t["first_eval_pass1"] is not None]
     ext = [r["reward_external"] for rows in nodes for r in rows if r.get("reward_external") is not None]
     return {
         "cumulative_reward_own": sum(t["cumulative_reward_own"] for t in totals),
+        "first_eval_pass1": sum(firsts) / len(firsts) if firsts else None,
         "final_eval_pass1": sum(finals) / len(finals) if finals else None,
         "mean_reward_external_used": sum(ext) / len(ext) if ext else None,
-        "rounds": min((len(rows) for rows in nodes), default=0),
+        "rounds": min((t["rounds"] for t in totals), default=0),
     }
 
 

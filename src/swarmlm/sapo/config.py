@@ -36,6 +36,7 @@ class GenerationSection(StrictModel):
 
 
 ExternalWeight = Literal["none", "truncated"]  # how external completions are weighted in the loss
+RewardMode = Literal["task", "correct"]  # what a completion's task score becomes as a reward
 
 
 class GRPOSection(StrictModel):
@@ -57,6 +58,10 @@ class GRPOSection(StrictModel):
                                  "<answer>…</answer> span (0 = off, as in the paper); never part of reward_own")
     external_weight: ExternalWeight = Field(
         "none", description="importance weight for external completions (none = the reference behaviour)")
+    reward: RewardMode = Field(
+        "task", description="task = the task's score, partial credit included (reasoning-gym's arithmetic families "
+        "give len(answer)/len(reply) to a wrong reply that contains the answer); correct = 1 for a reply the task "
+        "scores in full, else 0")
 
 
 class SharingSection(StrictModel):

@@ -35,7 +35,7 @@ from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
-from swarmlm.sapo.grpo import group_advantages
+from swarmlm.sapo.grpo import group_advantages, is_zero_advantage
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
@@ -43,6 +43,13 @@ from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
 from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
 from swarmlm.tasks import Question, ScoreRequest, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
+
+FULL_MARKS = 1.0 - 1e-9
+
+
+def is_correct(score: float) -> bool:
+    """Whether a task score is full marks (a correct answer, not partial credit)."""
+    return score >= FULL_MARKS
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +76,7 @@ class OwnRollouts:
 
     round: int
     generated: list[Generated]
-    rewards: list[list[float]]
+    scores: list[list[float]]  # the task's scores of each group's completions (before ``grpo.reward``)
     gen_seconds: float
     gen_tokens: int
     transport_seconds: float = 0.0
@@ -158,12 +165,19 @@ class SAPONode:
             out.append([s if math.isfinite(s) else 0.0 for s in res.scores] if res.ok else [0.0] * len(group))
         return out
 
+    def task_rewards(self, scores: list[float]) -> list[float]:
+        """What the task's scores are worth as rewards (``grpo.reward``): the scores, or 1 for full marks, else 0."""
+        if self.config.grpo.reward == "correct":
+            return [1.0 if is_correct(s) else 0.0 for s in scores]
+        return list(scores)
+
     def _training_rewards(self, texts: list[str], scores: list[float]) -> list[float]:
-        """The rewards the update sees: the task scores, plus ``grpo.format_reward`` for a well-formed answer."""
+        """The rewards the update sees: the task rewards, plus ``grpo.format_reward`` for a well-formed answer."""
+        rewards = self.task_rewards(scores)
         bonus = self.config.grpo.format_reward
         if bonus == 0:
-            return scores
-        return [s + bonus * (extract_answer(t) is not None) for t, s in zip(texts, scores)]
+            return rewards
+        return [r + bonus * (extract_answer(t) is not None) for t, r in zip(texts, rewards)]
 
     def _next_slots(self, global_round: int, n: int) -> int:
         """The first of ``n`` unused question slots of ``global_round``."""
@@ -189,8 +203,8 @@ class SAPONode:
             num_completions=g.group_size, max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
         gen_seconds = time.perf_counter() - started
         # gen.texts decode exactly the ids that are trained (cut at EOS and max_new_tokens): they are what is scored
-        rewards = self._score_own(questions, [gen.texts for gen in generated])
-        own = OwnRollouts(round, generated, rewards, gen_seconds,
+        scores = self._score_own(questions, [gen.texts for gen in generated])
+        own = OwnRollouts(round, generated, scores, gen_seconds,
                           gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)),
                           global_round=global_round)
         for gen in generated:
@@ -225,7 +239,7 @@ class SAPONode:
     def _samples(self, own: OwnRollouts, external: list[ScoredGroup]) -> list[TrainSample]:
         eos, max_new = self.tokenizer.eos_token_id, self.config.generation.max_new_tokens
         samples = []
-        own_rewards = [self._training_rewards(gen.texts, r) for gen, r in zip(own.generated, own.rewards)]
+        own_rewards = [self._training_rewards(gen.texts, s) for gen, s in zip(own.generated, own.scores)]
         own_adv = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).tolist() if own_rewards else []
         for gen, advs in zip(own.generated, own_adv):
             for ids, a in zip(gen.completion_ids, advs):
@@ -247,12 +261,28 @@ class SAPONode:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """pass@1 on the fixed held-out set, with greedy decoding."""
+        """pass@1 on the fixed held-out set, with greedy decoding: the share of questions answered correctly (full
+        marks from the task's scorer; partial credit counts as wrong)."""
         g = self.config.generation
         generated = self.engine.generate(self._prompt_ids([q.question for q in self.eval_set]),
                                          num_completions=1, max_new_tokens=g.max_new_tokens, max_batch=g.max_batch, greedy=True)
         scores = self._score_own(self.eval_set, [gen.texts for gen in generated])
-        return sum(s[0] for s in scores) / len(scores)
+        return sum(is_correct(s[0]) for s in scores) / len(scores)
+
+    def evaluate_start(self) -> None:
+        """Log held-out pass@1 before any update as the ``round: 0`` row, so that every run shows its starting
+        point (once: a resumed run has it already)."""
+        if self.round > 0 or any(r.get("round") == 0 for r in self.metrics.records()):
+            return
+        self.metrics.log({"round": 0, "node": self.node_id, "eval_pass1": self.evaluate(),
+                          "cumulative_reward_own": 0.0})
+
+    def _mean_task_reward(self, groups: list[ScoredGroup]) -> float | None:
+        """The mean task reward of external groups' completions (None for no group)."""
+        if not groups:
+            return None
+        return sum(sum(self.task_rewards(g.scores if g.scores is not None else g.rewards)) / len(g.rewards)
+                   for g in groups) / len(groups)
 
     def learn(self, own: OwnRollouts, round_started: float) -> dict[str, Any]:
         """Collect, select, update, evaluate, log; returns the round's metrics."""
@@ -267,7 +297,8 @@ class SAPONode:
         started = time.perf_counter()
         train_stats = self.update(samples)
         train_seconds = time.perf_counter() - started
-        reward_own = sum(map(sum, own.rewards)) / max(1, sum(map(len, own.rewards)))
+        own_rewards = [self.task_rewards(s) for s in own.scores]
+        reward_own = sum(map(sum, own_rewards)) / max(1, sum(map(len, own_rewards)))
         self.cumulative_reward_own += reward_own
         self.round = round
         cfg = self.config
@@ -279,8 +310,8 @@ class SAPONode:
             "round": round,
             "node": self.node_id,
             "reward_own": reward_own,
-            "reward_external": (sum(g.mean_score for g in chosen) / len(chosen)) if chosen else None,
-            "reward_external_pool": (sum(g.mean_score for g in pool) / len(pool)) if pool else None,
+            "reward_external": self._mean_task_reward(chosen),
+            "reward_external_pool": self._mean_task_reward(pool),
             "eval_pass1": eval_pass1,
             **train_stats,
             "external_used": len(chosen),
@@ -293,6 +324,10 @@ class SAPONode:
             "own_unscored": dict(self.own_unscored),
             "format_rate": sum(extract_answer(t) is not None for gen in own.generated for t in gen.texts) / max(1, len(all_completions)),
             "completion_tokens": sum(map(len, all_completions)) / max(1, len(all_completions)),
+            # the share of completions cut at max_new_tokens (no EOS), and of own groups with no advantage
+            "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / max(1, len(all_completions)),
+            "zero_adv_groups": sum(is_zero_advantage(self._training_rewards(gen.texts, s))
+                                   for gen, s in zip(own.generated, own.scores)) / max(1, len(own.scores)),
             "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
             "gen_seconds": own.gen_seconds,
             "train_seconds": train_seconds,

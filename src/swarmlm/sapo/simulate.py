@@ -38,6 +38,8 @@ def _run_in_process(config: SimulateConfig, initial: str, progress: bool) -> boo
         raise
     completed = True
     try:
+        for n in nodes:
+            n.evaluate_start()
         start = min(n.round for n in nodes) + 1
         bar = tqdm(range(start, config.rounds + 1), desc="sapo rounds", unit="round", disable=not progress,
                    initial=start - 1, total=config.rounds)
@@ -74,6 +76,7 @@ def torch_worker(config_json: str, initial: str) -> int:
         raise RuntimeError(f"world size {world} differs from nodes={config.nodes}")
     node = SAPONode(config, rank, TorchDistributedTransport(), node_dir(config.out, rank), initial)
     try:
+        node.evaluate_start()
         bar = tqdm(range(node.round + 1, config.rounds + 1), desc="sapo rounds", unit="round", disable=rank != 0,
                    initial=node.round, total=config.rounds)
         for t in bar:

@@ -77,7 +77,11 @@ class Node:
         return self.proc is not None and self.proc.poll() is None
 
     def rows(self) -> list[dict]:
-        return read_jsonl(self.out / "metrics.jsonl")
+        """The node's training steps (round 1 on; round 0 is its held-out pass@1 before any update)."""
+        return [r for r in read_jsonl(self.out / "metrics.jsonl") if r["round"] >= 1]
+
+    def start_row(self) -> dict | None:
+        return next((r for r in read_jsonl(self.out / "metrics.jsonl") if r["round"] == 0), None)
 
     def peer(self) -> dict | None:
         try:
@@ -210,6 +214,8 @@ def test_three_nodes_train_on_each_others_records(churn):
         # records are keyed by the global round of the swarm clock, not the node's step count
         assert all(r["global_round"] > 10 ** 6 for r in own_rows)
         assert all(r["records_dropped"] == 0 for r in own_rows)  # honest peers send nothing to drop
+        start = churn["nodes"][name].start_row()  # held-out pass@1 before the first update, logged once
+        assert start is not None and 0.0 <= start["eval_pass1"] <= 1.0
 
 
 def test_killed_node_does_not_stall_the_others(churn):
@@ -363,7 +369,7 @@ def test_swarm_command_runs_nodes_and_summarises(tmp_path):
     ids = [json.loads((out / f"node-{k}" / "peer.json").read_text())["peer_id"] for k in range(2)]
     for k in range(2):
         rows = read_jsonl(out / f"node-{k}" / "metrics.jsonl")
-        assert [r["round"] for r in rows] == [1, 2, 3, 4]
+        assert [r["round"] for r in rows] == [0, 1, 2, 3, 4]
         assert summary["swarm"][f"node-{k}"]["records_accepted"] > 0
         assert sources(rows, "accepted_sources") == {ids[1 - k]}
     assert summary["records_accepted"] > 0 and 0 < summary["transport_fraction"] < 1

@@ -100,6 +100,7 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
         node = SAPONode(config, index, transport, out, initial, swarm=swarm.run)
         transport.drops = node.drops  # the DHT's refusals are counted with the node's own drops
         transport.trusted = node.intake.standing.recent  # the DHT keeps known peers' messages before new identities
+        node.evaluate_start()  # the round-0 row (while the DHT finds its peers)
         if swarm.start_peers > 0 and node.round < config.rounds:
             known = transport.await_peers(swarm.start_peers, swarm.start_wait)
             if known < swarm.start_peers:
