@@ -184,3 +184,23 @@ def test_swarm_flood_benchmark_runs(tmp_path, monkeypatch):
     assert result["rounds"] == 2 and len(result["per_round"]) == 2
     assert result["bob_dht_rss_mb_peak"] >= result["bob_dht_rss_mb_start"] > 0
     assert 0 <= result["alice_read_rounds"] <= 2 and result["drops"]
+
+
+def test_gradient_anatomy_classes_tokens_and_runs(tmp_path, capsys):
+    """``benchmarks/sapo_gradient_anatomy.py``: the token classes of a completion, by hand, and a tiny run whose
+    class shares add up to 1."""
+    anatomy = _load("sapo_gradient_anatomy")
+    text = "ok <answer>12</answer>x"
+    prefixes = [text[:k] for k in range(1, len(text) + 1)]  # a byte-level tokenizer: one character a token
+    classes = anatomy.token_classes(prefixes, eos=True)
+    letter = {"other": "x", "open": "O", "answer": "A", "close": "C", "eos": "E"}
+    assert "".join(letter[c] for c in classes) == "xxx" + "O" * 8 + "AA" + "C" * 9 + "x" + "E"
+    assert anatomy.token_classes(["no answer"], eos=False) == ["other"]
+    out = tmp_path / "anatomy"
+    assert anatomy.main(["--model", "tiny-qwen2", "--groups", "3", "--group-size", "3", "--max-new-tokens", "6",
+                         "--out", str(out)]) == 0
+    report = json.loads((out / "anatomy.json").read_text())
+    assert sum(c["token_share"] for c in report["classes"].values()) == pytest.approx(1.0)
+    grad = sum(c["grad_share"] for c in report["classes"].values())
+    assert grad == pytest.approx(1.0) or report["zero_advantage_groups"] == 1.0
+    assert report["classes"]["eos"]["token_share"] > 0 and (out / "anatomy.md").exists()

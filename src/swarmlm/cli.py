@@ -22,13 +22,17 @@ class Command:
     config: str  # "module:Class" of the pydantic config
     run: str  # "module:function" taking the config
     help: str
+    # "module:function" taking the config, called after the run (also an interrupted one): a report drawn by the
+    # layer above the methods (experiments), which the methods' own handlers may not import
+    report: str | None = None
 
 
 COMMANDS: list[Command] = [
     Command(("warmstart",), "swarmlm.sapo.warmstart:WarmstartConfig", "swarmlm.sapo.commands:warmstart_command",
             "teach a built-in preset the answer format (cached; run on demand by the SAPO commands)"),
     Command(("sapo", "simulate"), "swarmlm.sapo.config:SimulateConfig", "swarmlm.sapo.commands:simulate_command",
-            "run N SAPO nodes on this machine (in-process or torch.distributed)"),
+            "run N SAPO nodes on this machine (in-process or torch.distributed)",
+            report="swarmlm.experiments.sapo_learning_curve:simulate_report"),
     Command(("noloco", "train"), "swarmlm.noloco.config:TrainConfig", "swarmlm.noloco.launch:train_command",
             "pre-train M replicas with NoLoCo (pair averaging), DiLoCo or data parallel (local workers or under torchrun)"),
     Command(("noloco", "compare"), "swarmlm.experiments.noloco_compare:CompareConfig",
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(_load(cmd.config), args)
         result = _load(cmd.run)(config)
+        if cmd.report is not None and result in (None, 0, 130):
+            _load(cmd.report)(config)
     except ConfigError as err:
         print(f"swarmlm {' '.join(cmd.path)}: {err}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import json
 import sys
 
 from swarmlm.sapo.config import SimulateConfig
+from swarmlm.sapo.summary import summary_table
 from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 from swarmlm.sapo.warmstart import WarmstartConfig
 
@@ -16,11 +17,11 @@ def simulate_command(config: SimulateConfig) -> int:
 
     summary = run_simulation(config)
     if summary:
-        print(json.dumps({k: v for k, v in summary.items() if k != "nodes"} | {
-            "cumulative_reward_own": {n: round(v["cumulative_reward_own"], 3) for n, v in summary["nodes"].items()},
-            "final_eval_pass1": {n: v["final_eval_pass1"] for n, v in summary["nodes"].items()},
-        }, indent=1))
-        print(f"metrics: {config.out}/node-*/metrics.jsonl, summary: {config.out}/summary.json")
+        state = "" if summary.get("completed", True) else " (interrupted: the same command resumes)"
+        print(f"\nSAPO, {config.nodes} node(s), {config.rounds} rounds, I/J = {config.local}/{config.external}, "
+              f"{summary['wall_seconds']:.0f} s{state}:\n")
+        print(summary_table(summary))
+        print(f"\nmetrics: {config.out}/node-*/metrics.jsonl, summary: {config.out}/summary.json")
     return 0 if summary.get("completed", True) else 130
 
 

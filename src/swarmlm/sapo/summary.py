@@ -17,7 +17,10 @@ def node_dir(out: str | Path, index: int) -> Path:
 
 def node_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One node's totals from its per-round metrics: rewards, held-out pass@1, records received, accepted and
-    dropped (by reason), external groups used, peers, and the transport's share of the round time."""
+    dropped (by reason), external groups used, peers, and the transport's share of the round time. The ``round: 0``
+    row (held-out pass@1 before any update) gives the first pass@1 and takes no part in the sums."""
+    start = [r for r in rows if r.get("round") == 0]
+    rows = [r for r in rows if r.get("round", 0) >= 1]
     round_s = sum(r.get("round_seconds") or 0.0 for r in rows)
     transport_s = sum(r.get("transport_seconds") or 0.0 for r in rows)
     wait_s = sum(r.get("dht_wait_seconds") or 0.0 for r in rows)
@@ -25,15 +28,17 @@ def node_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         for peer, n in (r.get("external_sources") or {}).items():
             sources[peer] = sources.get(peer, 0) + n
-    evals = [r["eval_pass1"] for r in rows if r.get("eval_pass1") is not None]
+    evals = [r["eval_pass1"] for r in start + rows if r.get("eval_pass1") is not None]
     cumulative = sum(r["reward_own"] for r in rows)
     return {
-        "node_id": rows[-1].get("node") if rows else None,
+        "node_id": (rows or start)[-1].get("node") if rows or start else None,
         "rounds": len(rows),
         "cumulative_reward_own": cumulative,
         "mean_reward_own": cumulative / len(rows) if rows else None,
         "first_eval_pass1": evals[0] if evals else None,
         "final_eval_pass1": evals[-1] if evals else None,
+        "final_format_rate": rows[-1].get("format_rate") if rows else None,
+        "min_format_rate": min((r["format_rate"] for r in rows if r.get("format_rate") is not None), default=None),
         "records_received": sum(r.get("records_received", 0) for r in rows),
         "records_accepted": sum(r.get("records_accepted", 0) for r in rows),
         "records_dropped": sum(r.get("records_dropped", 0) for r in rows),
@@ -62,3 +67,27 @@ def write_run_summary(out: str | Path, num_nodes: int, wall_seconds: float | Non
     }
     Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """Markdown: one row per node of a run's ``summary.json`` contents, then the mean over nodes."""
+    rows = ["| node | pass@1 at start | pass@1 at end | change | cumulative own reward | format rate (last / lowest) |",
+            "|---|---|---|---|---|---|"]
+    starts, ends = [], []
+    for name, node in summary["nodes"].items():
+        start, end = node.get("first_eval_pass1"), node.get("final_eval_pass1")
+        change = None if start is None or end is None else end - start
+        if change is not None:
+            starts.append(start)
+            ends.append(end)
+        rows.append(f"| {name} | {_fmt(start)} | {_fmt(end)} | {'—' if change is None else f'{change:+.3f}'} | "
+                    f"{node['cumulative_reward_own']:.2f} | {_fmt(node.get('final_format_rate'), 2)} / "
+                    f"{_fmt(node.get('min_format_rate'), 2)} |")
+    if starts:
+        s, e = sum(starts) / len(starts), sum(ends) / len(ends)
+        rows.append(f"| mean | {s:.3f} | {e:.3f} | {e - s:+.3f} | {summary['total_cumulative_reward_own'] / len(summary['nodes']):.2f} | |")
+    return "\n".join(rows)
