@@ -43,7 +43,7 @@ class GRPOSection(StrictModel):
     """The policy update: GRPO (DeepSeekMath, arXiv 2402.03300) with DAPO's clip-higher and token-level loss
     (arXiv 2503.14476); see :mod:`swarmlm.sapo.grpo`."""
 
-    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 5e-5 for presets, 1e-6 otherwise")
+    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 5e-5 for presets, 1e-5 otherwise")
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range of the probability ratio: it is clipped "
                            "below at 1 - eps_low")
     eps_high: float = Field(0.28, ge=0, description="upper clip range of the probability ratio: it is clipped above "
