@@ -15,6 +15,7 @@ its checkpoints as safetensors.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -46,16 +47,17 @@ class Case:
     args: list[str]  # after the command's path; "{out}" is the test's output directory
     writes: list[str] = field(default_factory=list)  # paths under {out} that must exist (non-empty files)
     prints: list[str] = field(default_factory=list)  # text that must appear in stdout
-    timeout: float = 300.0
+    timeout: float = 400.0
 
 
 SMOKE: dict[tuple[str, ...], Case] = {
     ("models",): Case([], prints=["tiny-qwen2", "tiny-llama", "a .gguf file"]),
     ("warmstart",): Case(["--steps", "2", "--batch-size", "2", "--out", "{out}"],
                          writes=["model.safetensors", "config.json", "tokenizer.json", "warmstart.json"]),
-    ("sapo", "simulate"): Case(["--nodes", "2", "--external", "1", "--rounds", "1", *SAPO_TINY, "--out", "{out}"],
-                               writes=["summary.json", "config.yaml", *(f"node-{k}/{f}" for k in (0, 1) for f in NODE_FILES)]),
-    ("sapo", "experiment"): Case(["--configurations", "[1/1]", "--seeds", "[0]", "--nodes", "2", "--rounds", "1",
+    # as few nodes as each allows: a SmolLM2 checkpoint with its Adam state is 1.6 GB on disk
+    ("sapo", "simulate"): Case(["--nodes", "1", "--external", "0", "--rounds", "1", *SAPO_TINY, "--out", "{out}"],
+                               writes=["summary.json", "config.yaml", *(f"node-0/{f}" for f in NODE_FILES)]),
+    ("sapo", "experiment"): Case(["--configurations", "[1/0]", "--seeds", "[0]", "--nodes", "2", "--rounds", "1",
                                   "--model", "smollm2-135m", "--generation.group-size", "2",
                                   "--generation.max-new-tokens", "4", "--tasks.eval-size", "2", "--out", "{out}"],
                                  writes=["results.json", "results.md", "reward.png", "eval.png"], timeout=400),
@@ -110,6 +112,7 @@ def test_command_smoke(command, tmp_path, capsys):
         assert path.is_dir() and any(path.iterdir()) or path.is_file() and path.stat().st_size > 0, name
     for text in case.prints:
         assert text in res.stdout, (text, res.stdout[-2000:])
+    shutil.rmtree(out, ignore_errors=True)  # passed: its checkpoints (1.6 GB for a SmolLM2 node) need not outlive the test
 
 
 ROOT = Path(__file__).resolve().parents[1]
