@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import mmap
 import sys
 from pathlib import Path
 
@@ -118,9 +119,12 @@ def test_growth_detector_on_synthetic_series(soak):
 def test_memory_readings(soak):
     rss, peak = soak.current_rss_bytes(), soak.peak_rss_bytes()
     assert 10 * soak.MB < rss <= peak * 1.05
-    held = bytearray(b"\x01") * (64 * soak.MB)  # touched, so resident
+    # Fresh anonymous pages, touched so they are resident: a bytearray could be served from heap that earlier tests
+    # freed but malloc kept resident, and then RSS would not move.
+    held = mmap.mmap(-1, 64 * soak.MB)
+    held.write(b"\x01" * (64 * soak.MB))
     assert soak.current_rss_bytes() > rss + 48 * soak.MB
-    del held
+    held.close()
 
 
 # ----------------------------------------------------------------------------- soak: short runs
