@@ -360,7 +360,10 @@ def test_swarm_command_runs_nodes_and_summarises(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "swarmlm", "--log-level", "WARNING", "sapo", "swarm", "--nodes", "2",
                           "--out", str(out), "--model.warmstart", "never", "--node-models", "[tiny-qwen2, tiny-llama]",
-                          "--swarm.run", f"cmd-{uuid.uuid4().hex[:8]}", *tiny],
+                          "--swarm.run", f"cmd-{uuid.uuid4().hex[:8]}", *tiny,
+                          # each node's first step waits for the other: node 1 starts some seconds after node 0, who
+                          # could otherwise finish its four 2-second rounds alone on a loaded machine
+                          "--swarm.start-peers", "1", "--swarm.start-wait", "120"],
                          capture_output=True, text=True, timeout=400, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "node 0 is Qm" in res.stdout and "swarm of 2" in res.stderr  # the address, and one progress bar

@@ -92,7 +92,7 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
         max_round_bytes=config.sharing.limits.max_round_bytes, dht_round_bytes=swarm.dht_round_bytes,
         poll_interval=swarm.poll_interval, wait_for_peers=swarm.wait_for_peers, startup_timeout=swarm.startup_timeout,
         retry_initial=swarm.retry_initial, retry_max=swarm.retry_max, peer_book=out / "peers.json",
-        on_connected=on_connected)
+        on_connected=on_connected, start=False)
     completed = False
     started = time.time()
     try:
@@ -100,7 +100,10 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
         node = SAPONode(config, index, transport, out, initial, swarm=swarm.run)
         transport.drops = node.drops  # the DHT's refusals are counted with the node's own drops
         transport.trusted = node.intake.standing.recent  # the DHT keeps known peers' messages before new identities
-        node.evaluate_start()  # the round-0 row (while the DHT finds its peers)
+        node.evaluate_start()  # the round-0 row
+        # the node joins once it can train: a peer that others know is a peer about to publish, so that their
+        # start_peers wait ends when this node is ready, not while it still loads or evaluates its model
+        transport.start()
         if swarm.start_peers > 0 and node.round < config.rounds:
             known = transport.await_peers(swarm.start_peers, swarm.start_wait)
             if known < swarm.start_peers:

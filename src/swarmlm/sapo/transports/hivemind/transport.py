@@ -125,7 +125,8 @@ class HivemindTransport(RolloutTransport):
                  max_round_bytes: int = 16_000_000, dht_round_bytes: int = 32_000_000, poll_interval: float = 0.5,
                  wait_for_peers: bool = False, startup_timeout: float = 60.0, retry_initial: float = 2.0,
                  retry_max: float = 60.0, peer_book: str | Path | None = None,
-                 on_connected: Callable[[str, list[str]], None] | None = None, dht_options: dict | None = None):
+                 on_connected: Callable[[str, list[str]], None] | None = None, dht_options: dict | None = None,
+                 start: bool = True):
         require_hivemind()
         self.identity = identity
         self.node_id = identity.peer_id
@@ -173,12 +174,22 @@ class HivemindTransport(RolloutTransport):
         self._collects = 0
         self._maddrs: list[str] = []
         self._next_announce = 0.0
+        self._started = False
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Join the swarm (once): start the DHT peer, or, if no initial peer answers, train alone and retry in the
+        background. Until then ``collect`` finds nothing and ``publish`` keeps nothing."""
+        if self._started:
+            return
+        self._started = True
         try:
             dht = self._create_dht()
         except BootstrapError as err:
             if not self._bootstrap_peers():
                 raise
-            log.error("could not join the swarm: %s. Training alone meanwhile; retrying in %gs.", err, retry_initial)
+            log.error("could not join the swarm: %s. Training alone meanwhile; retrying in %gs.", err, self.retry_initial)
             self._retry_thread = threading.Thread(target=self._retry_loop, daemon=True, name="swarmlm-dht-retry")
             self._retry_thread.start()
         else:
