@@ -59,9 +59,9 @@ class GRPOSection(StrictModel):
     external_weight: ExternalWeight = Field(
         "none", description="importance weight for external completions (none = the reference behaviour)")
     reward: RewardMode = Field(
-        "task", description="task = the task's score, partial credit included (reasoning-gym's arithmetic families "
-        "give len(answer)/len(reply) to a wrong reply that contains the answer); correct = 1 for a reply the task "
-        "scores in full, else 0")
+        "correct", description="correct = 1 for a reply the task scores in full, else 0; task = the task's score, "
+        "partial credit included (reasoning-gym's arithmetic families give len(answer)/len(reply) to a wrong reply "
+        "that contains the answer, which a weak policy is rewarded for more often than for correct answers)")
 
 
 class SharingSection(StrictModel):

@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -35,15 +38,31 @@ class WarmstartConfig(StrictModel):
     tasks: TaskConfig = Field(default_factory=TaskConfig)
     steps: int = Field(300, ge=0, description="optimizer steps")
     batch_size: int = Field(32, ge=1, description="questions (with their answers) per optimizer step")
-    lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear warm-up over the first tenth of the steps, then constant)")
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate (linear warm-up over the first tenth of the "
+                      "steps, then the schedule)")
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="after the warm-up: constant, or cosine decay to a tenth of the peak at the last step")
     seed: int = Field(0, ge=0, description="seed of the preset's initial weights and of the question stream")
     out: str | None = Field(None, description="output directory (default: the cache)")
 
 
 
+def lr_factor(step: int, *, steps: int, schedule: str) -> float:
+    """The warm start's learning rate at ``step`` as a fraction of the peak: linear warm-up over the first tenth of
+    the steps, then constant or a cosine decay to 0.1 at the last step."""
+    warmup = max(1, steps // 10)
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, steps - 1 - warmup)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
 def warmstart_key(config: WarmstartConfig) -> str:
-    # The held-out set's size does not change what the warm start learns.
-    settings = config.model_dump(mode="json", exclude={"out": True, "tasks": {"eval_size"}})
+    # Neither the held-out set's size nor the verifier's limits nor the families scored for peers change what the
+    # warm start learns.
+    settings = config.model_dump(mode="json", exclude={"out": True, "tasks": {"eval_size", "verifier", "allow_families"}})
     blob = json.dumps({"v": WARMSTART_VERSION, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -54,8 +73,7 @@ def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
     torch.manual_seed(config.seed)
     source = TaskSource(config.tasks, stream=f"warmstart/{config.seed}")
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-    warmup = max(1, config.steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, steps=config.steps, schedule=config.schedule))
     model.train()
     started = time.time()
     loss_value = float("nan")
