@@ -5,7 +5,8 @@
 # 4/4, one seed, the easy task mix. Held-out pass@1 is logged before the first update (round 0) and at the end.
 #
 #   bash benchmarks/gpu/sapo_experiment.sh            # on the GPU machine, after pip install -e ".[plots]"
-#   bash benchmarks/gpu/sapo_experiment.sh --dry-run  # the same commands at tiny sizes on a CPU (the test suite runs it)
+#   bash benchmarks/gpu/sapo_experiment.sh --dry-run  # the same command at tiny sizes on a CPU, the nodes in one
+#                                                     # process (the test suite runs it)
 #
 # Everything can be changed through the environment: OUT, MODEL, NODES, ROUNDS, CONFIGURATIONS, SEEDS, GROUP_SIZE,
 # MAX_NEW_TOKENS, EVAL_SIZE, LR, DEVICE, DTYPE, and EXTRA (more flags for swarmlm sapo experiment). Outputs:
@@ -31,7 +32,7 @@ DTYPE=${DTYPE:-bfloat16}
 TRANSPORT=${TRANSPORT:-torch}
 if [[ "${1:-}" == "--dry-run" ]]; then  # tiny sizes on a CPU: the same commands, end to end
     MODEL=tiny-qwen2 NODES=2 ROUNDS=2 CONFIGURATIONS="[2/0, 1/1]" GROUP_SIZE=2 MAX_NEW_TOKENS=8 EVAL_SIZE=4
-    EVAL_EVERY=2 DEVICE=cpu DTYPE=float32 EXTRA="--model.warmstart-steps 4 ${EXTRA:-}"
+    EVAL_EVERY=2 DEVICE=cpu DTYPE=float32 TRANSPORT=in_process EXTRA="--model.warmstart-steps 4 ${EXTRA:-}"
 fi
 
 started=$(date +%s)

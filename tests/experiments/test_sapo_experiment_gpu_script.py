@@ -1,5 +1,5 @@
 """``benchmarks/gpu/sapo_experiment.sh``, the reduced SAPO sharing experiment for one GPU: its dry run (the same
-command at tiny sizes on a CPU, node processes over torch.distributed) ends with the experiment's files."""
+command at tiny sizes on a CPU, its nodes in one process; torch.distributed nodes are tested with sapo simulate) ends with the experiment's files."""
 
 from __future__ import annotations
 
@@ -29,6 +29,6 @@ def test_dry_run_on_cpu(tmp_path):
         for seed in row["seeds"].values():
             assert seed["rounds"] == 2 and 0 <= seed["final_eval_pass1"] <= 1 and seed["first_eval_pass1"] is not None
     config = (out / "runs" / "1-1" / "seed-0" / "config.yaml").read_text()
-    assert "transport: torch" in config and "device: cpu" in config
+    assert "transport: in_process" in config and "device: cpu" in config
     for name in ("environment.txt", "results.md", "reward.png", "eval.png", "experiment.log"):
         assert (out / name).exists(), name
