@@ -14,6 +14,8 @@
 # OUT/runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/gpu/environment.sh
+source benchmarks/gpu/environment.sh
 PY=${PYTHON:-python}
 
 OUT=${OUT:-runs/gpu-sapo-experiment}
@@ -37,13 +39,7 @@ fi
 
 started=$(date +%s)
 mkdir -p "$OUT"
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "host: $(hostname)"
-    "$PY" -c 'import torch, transformers, swarmlm; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__); print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
-    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-} > "$OUT/environment.txt" 2>&1 || { cat "$OUT/environment.txt"; echo "swarmlm is not installed here: pip install -e ." >&2; exit 1; }
-cat "$OUT/environment.txt"
+record_environment "$OUT" "$PY"
 
 lr_flag=()
 [[ -n "$LR" ]] && lr_flag=(--grpo.lr "$LR")

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.experiments.gpu_scripts import ROOT, dry_run
+
 SCRIPT = ROOT / "benchmarks" / "gpu" / "noloco_compare.sh"
 
 
@@ -38,10 +35,7 @@ def test_steps_fit_the_budget():
 @pytest.mark.slow
 def test_dry_run_on_cpu(tmp_path):
     out = tmp_path / "gpu"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    run = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = dry_run(SCRIPT, out, timeout=600)
     assert "steps per replica: 4" in run.stdout and "| 2 | 8 | noloco |" in run.stdout
     results = json.loads((out / "results.json").read_text())
     settings = results["settings"]

@@ -4,24 +4,18 @@ command at tiny sizes on a CPU, its nodes in one process; torch.distributed node
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.experiments.gpu_scripts import ROOT, dry_run
+
 SCRIPT = ROOT / "benchmarks" / "gpu" / "sapo_experiment.sh"
 
 
 @pytest.mark.slow
 def test_dry_run_on_cpu(tmp_path):
     out = tmp_path / "gpu"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    run = subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run = dry_run(SCRIPT, out, timeout=900)
     assert "| 1/1 |" in run.stdout and "total time:" in run.stdout
     results = json.loads((out / "results.json").read_text())
     assert set(results["configurations"]) == {"2/0", "1/1"}
