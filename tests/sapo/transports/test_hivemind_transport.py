@@ -94,6 +94,15 @@ def test_publish_collect_once_within_timeout(tmp_path):
         while not got and time.monotonic() < deadline:
             got = bob.collect(g, timeout=2.0)
         assert [m.payload for m in got] == [big]
+        # a step begun in round g and published once the swarm is in round g + 1, after Bob's first read in g + 1
+        # (and before Alice publishes anything of g + 1), is still read
+        assert bob.collect(g + 1, timeout=0.5) == []
+        alice.publish(g, b"alice, late step of round g")
+        deadline = time.monotonic() + 20
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = bob.collect(g + 1, timeout=2.0)
+        assert [m.payload for m in got] == [b"alice, late step of round g"]
         # rounds outside the staleness window are not read
         alice.publish(g - 5, b"old")
         assert all(m.payload != b"old" for m in bob.collect(g, timeout=0.5))

@@ -483,10 +483,12 @@ class HivemindTransport(RolloutTransport):
 
     def _poll(self, dht, peers: list[str], rounds: range, round: int, deadline: float, heard: set[str],
               budget: list[int]) -> list[Received]:
-        # a past round's message is read until it has been read once after that round ended: a peer that takes
-        # several steps within a round republishes its message at each, the last one after our last read within it
+        # a past round's message is read until it has been read once after that round ended and a message of a
+        # later round from the same peer has been seen: a peer that takes several steps within a round republishes
+        # its message at each, and its last step of a round, begun within it, publishes after the round has ended,
+        # but before its first step of a later round publishes
         wanted = {message_key(self.run, r, p): (r, p) for p in peers for r in rounds
-                  if r >= round or self._read_in.get((r, p), r) <= r}
+                  if r >= round or self._read_in.get((r, p), r) <= r or self._live.get(p, r) <= r}
         if not wanted:
             return []
         try:
