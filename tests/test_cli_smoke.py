@@ -1,7 +1,8 @@
 """Every command of the ``swarmlm`` CLI, from the CLI's own list (``swarmlm.cli.COMMANDS``), as a newcomer runs it.
 
 For each command: ``--help`` exits 0, the command runs end to end in its own process (``python -m swarmlm ...``)
-at its tiniest settings, exits 0, and writes what the README says it writes. A command without a case in
+at its tiniest settings, exits 0, and writes what the README says it writes. A command that another test already
+runs that way (``covered_by``) is not run a second time here: its case checks that the test exists. A command without a case in
 ``SMOKE`` fails :func:`test_every_command_has_a_smoke_case`, and its own parametrized case fails too, so a new
 command cannot be added without one.
 
@@ -26,6 +27,8 @@ import pytest
 
 from swarmlm.cli import COMMANDS, main
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # a SAPO run at its smallest, on SmolLM2-135M-Instruct: one group of two completions of a few tokens, two held-out
 # questions
 SAPO_TINY = ["--model", "smollm2-135m", "--local", "1", "--generation.group-size", "2",
@@ -48,6 +51,9 @@ class Case:
     writes: list[str] = field(default_factory=list)  # paths under {out} that must exist (non-empty files)
     prints: list[str] = field(default_factory=list)  # text that must appear in stdout
     timeout: float = 400.0
+    # "tests/<path>.py::test_name": a test that already runs this command end to end in its own process and checks
+    # what it writes; this case then checks --help and that the test exists, and does not run the command twice
+    covered_by: str = ""
 
 
 SMOKE: dict[tuple[str, ...], Case] = {
@@ -55,20 +61,16 @@ SMOKE: dict[tuple[str, ...], Case] = {
     ("warmstart",): Case(["--steps", "2", "--batch-size", "2", "--out", "{out}"],
                          writes=["model.safetensors", "config.json", "tokenizer.json", "warmstart.json"]),
     # as few nodes as each allows: a SmolLM2 checkpoint with its Adam state is 1.6 GB on disk
-    ("sapo", "simulate"): Case(["--nodes", "1", "--external", "0", "--rounds", "1", *SAPO_TINY, "--out", "{out}"],
-                               writes=["summary.json", "config.yaml", *(f"node-0/{f}" for f in NODE_FILES)]),
-    ("sapo", "experiment"): Case(["--configurations", "[1/0]", "--seeds", "[0]", "--nodes", "2", "--rounds", "1",
-                                  "--model", "smollm2-135m", "--generation.group-size", "2",
-                                  "--generation.max-new-tokens", "4", "--tasks.eval-size", "2", "--out", "{out}"],
-                                 writes=["results.json", "results.md", "reward.png", "eval.png"], timeout=400),
+    # its whole path on SmolLM2, twice (a run, then its resume), with the files below
+    ("sapo", "simulate"): Case([], covered_by="tests/models/test_gguf.py::test_sapo_simulate_runs_smollm2_past_its_checkpoints_and_resumes"),
+    # two configurations over two seeds of two nodes, tables, plots and the resume of a finished experiment
+    ("sapo", "experiment"): Case([], covered_by="tests/experiments/test_sapo_sharing.py::test_miniature_experiment_writes_tables_and_plots"),
     ("sapo", "node"): Case(["--rounds", "1", *SAPO_TINY, *SWARM_TINY, "--progress", "false", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                             "--swarm.run", "smoke-{uid}", "--out", "{out}"],
                            writes=["peer.json", "summary.json", "config.yaml", *NODE_FILES],
                            prints=["swarmlm sapo node --initial-peers"]),
-    ("sapo", "swarm"): Case(["--nodes", "1", "--rounds", "1", *SAPO_TINY, *SWARM_TINY, "--swarm.run", "smoke-{uid}",
-                             "--out", "{out}"],
-                            writes=["summary.json", "node-0/peer.json", "node-0/node.log",
-                                    *(f"node-0/{f}" for f in NODE_FILES)]),
+    # two node processes (two architectures) exchanging records over loopback, one display, one summary
+    ("sapo", "swarm"): Case([], covered_by="tests/sapo/swarm/test_swarm_nodes.py::test_swarm_command_runs_nodes_and_summarises"),
     # in_process: both replicas in this process (the gloo processes have their own tests in tests/noloco)
     ("noloco", "train"): Case(["--method", "noloco", "--nproc", "2", "--backend", "in_process", *NOLOCO_TINY,
                                "--out", "{out}"],
@@ -100,6 +102,11 @@ def test_command_smoke(command, tmp_path, capsys):
         main([*command.path, "--help"])
     assert exit_.value.code == 0
     assert "--config" in capsys.readouterr().out
+    if case.covered_by:
+        path, name = case.covered_by.split("::")
+        module = ROOT / path
+        assert module.is_file() and f"\ndef {name}(" in module.read_text(), f"{case.covered_by} does not exist"
+        return
     out = tmp_path / "out"
     args = [a.replace("{out}", str(out)).replace("{uid}", uuid.uuid4().hex[:8]) for a in case.args]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -113,9 +120,6 @@ def test_command_smoke(command, tmp_path, capsys):
     for text in case.prints:
         assert text in res.stdout, (text, res.stdout[-2000:])
     shutil.rmtree(out, ignore_errors=True)  # passed: its checkpoints (1.6 GB for a SmolLM2 node) need not outlive the test
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_first_lines_install_what_the_tests_need_and_ci_runs_them():

@@ -392,3 +392,8 @@ def test_swarm_command_runs_nodes_and_summarises(tmp_path):
         assert sources(rows, "accepted_sources") == {ids[1 - k]}
     assert summary["records_accepted"] > 0 and 0 < summary["transport_fraction"] < 1
     assert "name: tiny-llama" in (out / "node-1" / "node.yaml").read_text()
+    # what the README says each node writes (this test is the `sapo swarm` case of tests/test_cli_smoke.py)
+    for k in range(2):
+        for name in ("node.log", "metrics.jsonl", "tensorboard", "checkpoints/latest",
+                     "checkpoints/step-000004/model/model.safetensors", "checkpoints/step-000004/optimizer.pt"):
+            assert (out / f"node-{k}" / name).exists(), (k, name)
