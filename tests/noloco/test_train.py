@@ -80,8 +80,10 @@ def test_four_process_training_and_exact_resume(gloo_run):
             assert _by_step(rows)[H]["model_std"] < 1e-6
             assert _by_step(rows)[STEPS]["bytes_sent"] > 0
 
-    # Resume from the step-4 checkpoint: the next steps are the same as in the uninterrupted run.
-    _train(out, method, "--resume", str(H))
+    # Resume from the step-4 checkpoint: the next steps are the same as in the uninterrupted run. NoLoCo's over gloo
+    # (its partners' state, the pairing stream); the others' with the replicas in this process, which the test below
+    # shows to train exactly as over gloo (12 s less each than four more processes)
+    _train(out, method, "--resume", str(H), *(() if method == "noloco" else ("--backend", "in_process")))
     second = _records(out)
     for rank in range(REPLICAS):
         a, b = _by_step(first[rank]), _by_step(second[rank])
