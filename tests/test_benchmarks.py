@@ -208,3 +208,21 @@ def test_gradient_anatomy_classes_tokens_and_runs(tmp_path, capsys):
     grad = sum(c["grad_share"] for c in report["classes"].values())
     assert grad == pytest.approx(1.0) or report["zero_advantage_groups"] == 1.0
     assert report["classes"]["eos"]["token_share"] > 0 and (out / "anatomy.md").exists()
+
+
+def test_warmstart_quality_trains_and_reports(tmp_path):
+    """``benchmarks/warmstart_quality.py``: a 2-step warm start, then greedy, sampled and signal shares that agree
+    with each other (a family's share of groups with signal is 0 where its samples are all wrong or all right)."""
+    quality = _load("warmstart_quality")
+    log = tmp_path / "q.jsonl"
+    assert quality.main(["--steps", "2", "--batch-size", "2", "--out", str(tmp_path / "ws"), "--eval-size", "6",
+                         "--groups", "3", "--group-size", "3", "--max-new-tokens", "4", "--json", str(log)]) == 0
+    report = json.loads(log.read_text().splitlines()[-1])
+    assert report["warmstart"]["steps"] == 2 and report["warmstart_seconds"] is not None
+    assert report["eval_size"] == 6 and report["groups"] == 3
+    for key in ("greedy", "sampled", "signal", "format"):
+        assert 0.0 <= report[key] <= 1.0
+    for fam in report["per_family"].values():
+        if fam.get("sampled") in (0.0, 1.0):
+            assert fam["signal"] == 0.0
+    assert set(report["per_family"]) <= {"chain_sum", "basic_arithmetic", "products"}

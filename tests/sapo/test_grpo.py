@@ -546,3 +546,25 @@ def test_node_update_skips_zero_advantage_samples_and_takes_the_same_step(tmp_pa
     stats = node.update(samples)
     assert forwarded == [] and stats["grad_norm"] == 0.0 and stats["loss"] == 0.0
     assert any(not torch.equal(a, b) for a, b in zip(before, node.model.parameters()))  # momentum from the first step
+
+
+def test_warmup_lr_is_linear_then_flat():
+    from swarmlm.sapo.node import warmup_lr
+
+    assert [warmup_lr(1e-3, r, 4) for r in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+    assert warmup_lr(1e-3, 1, 0) == 1e-3  # off
+
+
+def test_node_update_warms_up_lr_by_round(tmp_path):
+    """A node's round r steps at lr * r / warmup_rounds (a function of the round only: a resumed node continues
+    the schedule), and Adam's first step moves each weight by about that lr, so the step grows with the round."""
+    lr = 1e-3
+    sizes = []
+    for r in (1, 8):
+        node = _node(tmp_path, f"warm{r}", lr=lr, warmup_rounds=8)
+        before = [p.detach().clone() for p in node.model.parameters()]
+        stats = node.update(_update_samples(node.tokenizer.eos_token_id), round=r)
+        assert node.optimizer.param_groups[0]["lr"] == pytest.approx(lr * r / 8)
+        assert stats["loss"] is not None
+        sizes.append(max(float((p - b).abs().max()) for p, b in zip(node.model.parameters(), before)))
+    assert sizes[0] == pytest.approx(lr / 8, rel=0.05) and sizes[1] == pytest.approx(lr, rel=0.05)

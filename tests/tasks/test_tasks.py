@@ -96,7 +96,7 @@ def test_eval_and_training_questions_draw_from_disjoint_seeds(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- verifiers
-@pytest.mark.parametrize("preset", ["easy", "paper"])
+@pytest.mark.parametrize("preset", ["arithmetic", "easy", "paper"])
 def test_scorer_gives_one_for_the_right_answer_and_less_for_a_wrong_one(preset):
     config = TaskConfig(preset=preset)
     src = TaskSource(config, stream="test/5")
@@ -144,5 +144,5 @@ def test_weighted_mix():
 def test_unknown_family_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown reasoning-gym dataset 'no_such'"):
         validate_config(TaskConfig, {"families": [{"name": "no_such"}]})
-    with pytest.raises(ConfigError, match="allowed values: 'easy', 'paper'"):
+    with pytest.raises(ConfigError, match="allowed values: 'arithmetic', 'easy', 'paper'"):
         validate_config(TaskConfig, {"preset": "hard"})

@@ -18,7 +18,7 @@ class ModelSection(NamedSection):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
     warmstart: Literal["auto", "always", "never"] = Field(
         "auto", description="supervised format warm start before RL; auto = for built-in presets only")
-    warmstart_steps: int = Field(300, ge=0, description="optimizer steps of the warm start")
+    warmstart_steps: int = Field(600, ge=0, description="optimizer steps of the warm start")
     warmstart_seed: int = Field(0, ge=0, description="seed of the warm start (shared by all nodes and run seeds)")
 
 
@@ -43,7 +43,10 @@ class GRPOSection(StrictModel):
     """The policy update: GRPO (DeepSeekMath, arXiv 2402.03300) with DAPO's clip-higher and token-level loss
     (arXiv 2503.14476); see :mod:`swarmlm.sapo.grpo`."""
 
-    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 5e-5 for presets, 1e-5 otherwise")
+    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 1e-4 for presets, 1e-5 otherwise")
+    warmup_rounds: int = Field(20, ge=0, description="linear learning-rate warm-up: round r (1-based) steps at "
+                               "lr * min(1, r / warmup_rounds); 0 = none. Adam's first steps move every weight by "
+                               "about lr whatever the gradient's size, which a noisy small-batch gradient turns into drift")
     eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip range of the probability ratio: it is clipped "
                            "below at 1 - eps_low")
     eps_high: float = Field(0.28, ge=0, description="upper clip range of the probability ratio: it is clipped above "
@@ -57,7 +60,9 @@ class GRPOSection(StrictModel):
     format_reward: float = Field(0.0, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span (0 = off, as in the paper); never part of reward_own")
     external_weight: ExternalWeight = Field(
-        "none", description="importance weight for external completions (none = the reference behaviour)")
+        "truncated", description="importance weight for external completions: truncated = min(1, their likelihood "
+        "under this node relative to its own completions'), or none (the reference behaviour; with it a sharing "
+        "node lost the answer format within 50 rounds at the default learning rate)")
     reward: RewardMode = Field(
         "correct", description="correct = 1 for a reply the task scores in full, else 0; task = the task's score, "
         "partial credit included (reasoning-gym's arithmetic families give len(answer)/len(reply) to a wrong reply "
@@ -74,7 +79,7 @@ class SharingSection(StrictModel):
 class SAPOSettings(StrictModel):
     """What every SAPO run shares: the model, generation, update, sharing rules, tasks and schedule."""
 
-    rounds: int = Field(40, ge=1, description="rounds to train")
+    rounds: int = Field(100, ge=1, description="rounds to train")
     eval_every: int = Field(10, ge=0, description="held-out pass@1 every E rounds (0 = only at the end)")
     checkpoint_every: int = Field(10, ge=1, description="checkpoint every C rounds (and at the end and on Ctrl+C)")
     out: str = Field("runs/sapo", description="output directory")

@@ -53,8 +53,16 @@ def is_correct(score: float) -> bool:
 
 log = logging.getLogger(__name__)
 
-PRESET_LR = 5e-5
+PRESET_LR = 1e-4  # measured on the warm-started tiny-qwen2: at 2e-4 a lone node lost the answer format (README)
 PRETRAINED_LR = 1e-5  # measured on SmolLM2-135M: held-out pass@1 rose at 1e-5, barely at 1e-6 (docs/results/smollm2_lr.json)
+
+
+def warmup_lr(lr: float, round: int, warmup_rounds: int) -> float:
+    """The learning rate of round ``round`` (1-based) under a linear warm-up over ``warmup_rounds`` rounds. A pure
+    function of the round, so a resumed node continues the schedule exactly."""
+    if warmup_rounds <= 0:
+        return lr
+    return lr * min(1.0, max(1, round) / warmup_rounds)
 
 
 def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
@@ -109,8 +117,8 @@ class SAPONode:
         self.tokenizer = loaded.tokenizer
         # what peers see in the records' ``model`` field: a short name, never a long local path
         self.model_name = Path(config.model.name.rstrip("/")).name[-64:] or "model"
-        lr = config.grpo.lr or (PRESET_LR if config.model.name in PRESETS else PRETRAINED_LR)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.lr = config.grpo.lr or (PRESET_LR if config.model.name in PRESETS else PRETRAINED_LR)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr)
         self.ref_model = None
         if config.grpo.beta > 0:
             self.ref_model = load_model(initial_model, seed=self.seed, dtype=DTYPES[config.model.dtype]).model.to(self.device)
@@ -252,8 +260,13 @@ class SAPONode:
                     samples.append(TrainSample(p_ids, with_eos(ids, eos, max_new), a, external=True))
         return samples
 
-    def update(self, samples: list[TrainSample]) -> dict[str, float]:
-        """One GRPO update on ``samples`` (:class:`~swarmlm.sapo.update.GRPOUpdate`), then the engine's weights."""
+    def update(self, samples: list[TrainSample], round: int | None = None) -> dict[str, float]:
+        """One GRPO update on ``samples`` (:class:`~swarmlm.sapo.update.GRPOUpdate`), then the engine's weights.
+        With ``round`` (1-based) the learning rate follows the warm-up (``grpo.warmup_rounds``); without, the
+        optimizer's learning rate is left as it is."""
+        if round is not None and self.config.grpo.warmup_rounds > 0:
+            for group in self.optimizer.param_groups:
+                group["lr"] = warmup_lr(self.lr, round, self.config.grpo.warmup_rounds)
         stats = self.updater.update(samples, self.rng)
         if samples:
             self.engine.sync_weights()  # an engine with its own copy of the weights generates with the new policy
@@ -295,7 +308,7 @@ class SAPONode:
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng)
         samples = self._samples(own, chosen)
         started = time.perf_counter()
-        train_stats = self.update(samples)
+        train_stats = self.update(samples, round)
         train_seconds = time.perf_counter() - started
         own_rewards = [self.task_rewards(s) for s in own.scores]
         reward_own = sum(map(sum, own_rewards)) / max(1, sum(map(len, own_rewards)))
@@ -314,6 +327,7 @@ class SAPONode:
             "reward_external_pool": self._mean_task_reward(pool),
             "eval_pass1": eval_pass1,
             **train_stats,
+            "lr": self.optimizer.param_groups[0]["lr"],
             "external_used": len(chosen),
             "external_sources": dict(Counter(g.record.node_id for g in chosen)),
             "global_round": own.global_round,

@@ -36,7 +36,7 @@ WARMSTART_VERSION = 2  # bump when the procedure changes, so that old caches are
 class WarmstartConfig(StrictModel):
     model: str = Field("tiny-qwen2", description="built-in preset to warm-start")
     tasks: TaskConfig = Field(default_factory=TaskConfig)
-    steps: int = Field(300, ge=0, description="optimizer steps")
+    steps: int = Field(600, ge=0, description="optimizer steps")
     batch_size: int = Field(32, ge=1, description="questions (with their answers) per optimizer step")
     lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate (linear warm-up over the first tenth of the "
                       "steps, then the schedule)")

@@ -53,14 +53,19 @@ class FamilySpec(StrictModel):
         return _known_family(name)
 
 
-# Settings a model of a few million parameters can partly learn after a short warm start.
-EASY_FAMILIES = [
+# The default mix: one-digit arithmetic, which a model of a few million parameters partly learns in a 10-minute warm
+# start (greedy pass@1 about 0.3, with 60% of 8-completion groups holding both a right and a wrong answer: the groups
+# GRPO learns from).
+ARITHMETIC_FAMILIES = [
     FamilySpec(name="chain_sum", config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
     FamilySpec(name="basic_arithmetic", config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1,
                                                     operators=["+", "-"], allow_parentheses=False, allow_negation=False)),
     FamilySpec(name="products", config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
-    FamilySpec(name="spell_backward", config=dict(min_word_len=3, max_word_len=4)),
 ]
+
+# The arithmetic mix and reversing short words. Such a model does not learn spell_backward in its warm start (greedy
+# pass@1 0.00-0.02 after 1000 steps), so a quarter of its groups carry no signal.
+EASY_FAMILIES = ARITHMETIC_FAMILIES + [FamilySpec(name="spell_backward", config=dict(min_word_len=3, max_word_len=4))]
 
 # The nine families of the SAPO paper, sampled uniformly, with reasoning-gym's default settings.
 PAPER_FAMILIES = [
@@ -69,7 +74,8 @@ PAPER_FAMILIES = [
         "fraction_simplification", "decimal_arithmetic", "calendar_arithmetic", "binary_matrix")
 ]
 
-TASK_PRESETS: dict[str, list[FamilySpec]] = {"easy": EASY_FAMILIES, "paper": PAPER_FAMILIES}
+TASK_PRESETS: dict[str, list[FamilySpec]] = {"arithmetic": ARITHMETIC_FAMILIES, "easy": EASY_FAMILIES,
+                                              "paper": PAPER_FAMILIES}
 
 
 class AllowedFamily(StrictModel):
@@ -111,9 +117,11 @@ def _check_audited(name: str) -> None:
 class TaskConfig(StrictModel):
     """Which tasks a node trains and evaluates on, and which families it verifies."""
 
-    preset: Literal["easy", "paper"] = Field("easy", description="named task mix, used when 'families' is empty")
+    preset: Literal["arithmetic", "easy", "paper"] = Field(
+        "arithmetic", description="named task mix, used when 'families' is empty")
     families: list[FamilySpec] = Field(default_factory=list, description="explicit mix; overrides 'preset'")
-    eval_size: int = Field(64, ge=1, description="questions in the fixed held-out evaluation set")
+    eval_size: int = Field(256, ge=1, description="questions in the fixed held-out evaluation set (near pass@1 0.35 "
+                           "the standard error of 256 is 0.03, of 64 0.06)")
     allow_families: list[AllowedFamily] = Field(
         default_factory=list, description="families scored for peers besides the node's own mix (name and config); "
         "records of any other family are dropped as foreign_family")

@@ -1,0 +1,130 @@
+"""What a warm start leaves for RL: greedy pass@1, the sampled success rate and the share of groups with signal.
+
+    python benchmarks/warmstart_quality.py --steps 600                       # the default warm start (cached)
+    python benchmarks/warmstart_quality.py --steps 1000 --preset easy
+    python benchmarks/warmstart_quality.py --steps 500 --lr 3e-3 --schedule cosine --json results.jsonl
+
+GRPO (arXiv 2402.03300) learns only from groups whose completions disagree: a group of L samples that are all
+wrong, or all right, has zero advantage. So what a warm start is worth to RL is not only its greedy pass@1 but
+how often its samples are right and how many of its groups hold both a right and a wrong answer. For one warm
+start (trained now, or taken from the cache or ``--model``) this reports, per family and overall:
+
+* ``greedy``: greedy pass@1 on the first ``--eval-size`` held-out questions (full marks only);
+* ``sampled``: the share of ``--group-size`` samples at temperature 1 that are right, on ``--groups`` of them;
+* ``signal``: the share of those groups with both a right and a wrong answer;
+* ``format``: the share of samples with an ``<answer>…</answer>`` span;
+* ``warmstart_seconds``: the time the warm start took when it was trained by this call (null when cached).
+
+Scoring runs in this process with the node's safe scorers (no worker limits: the text is the model's own).
+Appends one JSON line per call to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def quality(model, tokenizer, tasks, *, eval_size: int, groups: int, group_size: int, max_new_tokens: int,
+            seed: int = 0) -> dict:
+    """The report for ``model`` on ``tasks``' held-out set (see the module docstring)."""
+    import torch
+
+    from swarmlm.sapo.engines.hf import HFEngine
+    from swarmlm.tasks import TaskSource, build_prompt, extract_answer
+    from swarmlm.tasks.reasoning_gym_tasks import eval_questions
+
+    questions = eval_questions(tasks.model_copy(update={"eval_size": eval_size}))
+    source = TaskSource(tasks, stream="warmstart-quality")
+    engine = HFEngine(model, tokenizer)
+    prompts = [tokenizer(build_prompt(q.question, tokenizer, "auto"), add_special_tokens=False)["input_ids"]
+               for q in questions]
+
+    def right(q, text: str) -> bool:
+        return source.score(q.family, extract_answer(text), q.entry) >= 1 - 1e-9
+
+    with torch.no_grad():
+        greedy = engine.generate(prompts, num_completions=1, max_new_tokens=max_new_tokens, greedy=True)
+        torch.manual_seed(seed)
+        sampled = engine.generate(prompts[:groups], num_completions=group_size, max_new_tokens=max_new_tokens,
+                                  temperature=1.0)
+    per_family: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for q, gen in zip(questions, greedy):
+        per_family[q.family]["greedy"].append(float(right(q, gen.texts[0])))
+    formats = []
+    for q, gen in zip(questions[:groups], sampled):
+        hits = [right(q, t) for t in gen.texts]
+        per_family[q.family]["sampled"].append(sum(hits) / len(hits))
+        per_family[q.family]["signal"].append(float(0 < sum(hits) < len(hits)))
+        formats += [extract_answer(t) is not None for t in gen.texts]
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 3) if values else None
+
+    def overall(key: str) -> float | None:
+        return mean([v for fam in per_family.values() for v in fam[key]])
+
+    return {"greedy": overall("greedy"), "sampled": overall("sampled"), "signal": overall("signal"),
+            "format": mean([float(f) for f in formats]),
+            "per_family": {name: {k: mean(v) for k, v in fam.items()} for name, fam in sorted(per_family.items())},
+            "eval_size": len(questions), "groups": min(groups, len(questions)), "group_size": group_size}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="a model directory to assess instead of a warm start")
+    parser.add_argument("--preset", default="arithmetic", help="task mix (--tasks.preset)")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-size", type=int, default=512)
+    parser.add_argument("--groups", type=int, default=128)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--out", default=None, help="where to write the warm start (default: the cache)")
+    parser.add_argument("--json", default=None, help="append the report as one JSON line to this file")
+    args = parser.parse_args(argv)
+
+    from swarmlm.models import load_model
+    from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
+    from swarmlm.tasks import TaskConfig
+
+    tasks = TaskConfig(preset=args.preset)
+    settings = None
+    seconds = None
+    if args.model is None:
+        config = WarmstartConfig(tasks=tasks, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                 schedule=args.schedule, seed=args.seed, out=args.out)
+        started = time.time()
+        path = warmstart(config, progress=sys.stderr.isatty())
+        info = json.loads((path / "warmstart.json").read_text())
+        seconds = info["seconds"] if time.time() - started > 0.5 * info["seconds"] else None  # trained by this call
+        settings = {"preset": args.preset, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                    "schedule": args.schedule, "seed": args.seed}
+    else:
+        path = Path(args.model)
+    loaded = load_model(str(path))
+    loaded.model.eval()
+    report = {"model": str(path) if args.model else None, "warmstart": settings, "warmstart_seconds": seconds,
+              "torch_threads": __import__("torch").get_num_threads(),
+              **quality(loaded.model, loaded.tokenizer, tasks, eval_size=args.eval_size, groups=args.groups,
+                        group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed)}
+    print(json.dumps(report))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "a") as f:
+            f.write(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
