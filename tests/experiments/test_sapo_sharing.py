@@ -46,7 +46,7 @@ def test_experiment_update_guards_are_defaults_that_a_partial_override_keeps():
     assert (run.grpo.lr, run.grpo.format_reward, run.grpo.external_weight) == (1e-5, 0.1, "truncated")
     off = run_config(validate_config(ExperimentConfig, {"grpo": {"format_reward": 0, "external_weight": "none"}}), "4/4", 0)
     assert (off.grpo.format_reward, off.grpo.external_weight) == (0, "none")
-    assert SimulateConfig().grpo.format_reward == 0 and SimulateConfig().grpo.external_weight == "none"
+    assert SimulateConfig().grpo.format_reward == 0 and SimulateConfig().grpo.external_weight == "truncated"
 
 
 def test_bad_configuration_names_the_field():

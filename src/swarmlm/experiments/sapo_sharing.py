@@ -23,7 +23,7 @@ from swarmlm.config import dump_config
 from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sapo_sharing_report import write_report
 from swarmlm.runtime.metrics import read_jsonl
-from swarmlm.sapo.config import ExternalWeight, GRPOSection, SAPOSettings, SimulateConfig
+from swarmlm.sapo.config import GRPOSection, SAPOSettings, SimulateConfig
 from swarmlm.sapo.simulate import run_simulation
 from swarmlm.sapo.summary import node_dir
 
@@ -41,13 +41,12 @@ class ExperimentGRPOSection(GRPOSection):
     sharing nodes lost the answer format within 100 rounds, and none of the 8/0 nodes did. A small format bonus
     and truncated importance weights for external completions stopped it within 100 rounds (over 250, one 4/4
     node still lost it: they delay the collapse). Both apply to every configuration
-    alike (with J = 0 the weights have nothing to act on).
+    alike (with J = 0 the weights have nothing to act on). The weights are now the node's default as well.
     """
 
     format_reward: float = Field(0.1, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span; never part of reward_own (the node's default is 0)")
-    external_weight: ExternalWeight = Field(
-        "truncated", description="importance weight for external completions (the node's default is none)")
+    # The second guard, truncated importance weights for external completions, became the node's own default.
 
 
 class ExperimentConfig(SAPOSettings):
