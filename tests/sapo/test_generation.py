@@ -192,6 +192,7 @@ def _node(tmp_path, name, **grpo):
     from swarmlm.sapo.node import SAPONode
     from swarmlm.sapo.transports.in_process import InProcessHub
 
+    grpo = {"external_weight": "none", **grpo}  # the reference update unless a test asks for the weights
     config = SAPOConfig(model={"warmstart": "never", "device": "cpu"}, grpo=grpo, tasks={"eval_size": 2}, external=0)
     return SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), tmp_path / name, "tiny-qwen2",
                     resume=False, tensorboard=False)

@@ -439,6 +439,7 @@ def _node(tmp_path, name, **grpo):
     from swarmlm.sapo.node import SAPONode
     from swarmlm.sapo.transports.in_process import InProcessHub
 
+    grpo = {"external_weight": "none", **grpo}  # the reference update unless a test asks for the weights
     config = SAPOConfig(model={"warmstart": "never", "device": "cpu"}, grpo=grpo, tasks={"eval_size": 2}, external=0)
     return SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), tmp_path / name, "tiny-qwen2",
                     resume=False, tensorboard=False)
@@ -485,8 +486,8 @@ def test_node_update_truncated_external_weights(tmp_path):
     assert all(s.weight == 1.0 for s in samples[:4])
     ext = [s.weight for s in samples[4:]]
     assert all(0.0 < w <= 1.0 for w in ext) and min(ext) < 1.0
-    # off by default: external samples count fully
-    plain = _node(tmp_path, "plain", lr=1e-3)
+    # none, the reference behaviour: external samples count fully
+    plain = _node(tmp_path, "plain", lr=1e-3, external_weight="none")
     samples = _update_samples(plain.tokenizer.eos_token_id)
     for s in samples[4:]:
         s.external = True
