@@ -89,3 +89,16 @@ def test_miniature_experiment_writes_tables_and_plots(tmp_path):
     res = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((out / "results.json").read_text())["configurations"] == results["configurations"]
+
+
+def test_eval_curve_starts_at_the_warm_start():
+    from swarmlm.experiments.sapo_sharing_report import eval_series
+
+    cfg = ExperimentConfig(configurations=["2/0"], seeds=[0, 1], rounds=4, nodes=2, out="/tmp/x")
+    def node(start, end):
+        return [{"round": 0, "eval_pass1": start}, {"round": 1, "reward_own": 0.5, "eval_pass1": None},
+                {"round": 2, "reward_own": 0.5, "eval_pass1": end}, {"round": 3, "reward_own": 0.5}]
+    runs = {("2/0", 0): [node(0.2, 0.4), node(0.4, 0.6)], ("2/0", 1): [node(0.2, 0.2), node(0.4, 0.4)]}
+    x, per_seed = eval_series(cfg, runs, "2/0")
+    assert x.tolist() == [0, 2]
+    assert np.allclose(per_seed, [[0.3, 0.5], [0.3, 0.3]])

@@ -93,14 +93,15 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _curves(runs, config, configuration: str, key: str) -> np.ndarray:
-    """[seeds, nodes, rounds] of ``key`` (NaN where missing)."""
-    out = np.full((len(config.seeds), config.nodes, config.rounds), np.nan)
+def _curves(runs, config, configuration: str, key: str, first: int = 1) -> np.ndarray:
+    """[seeds, nodes, rounds first..config.rounds] of ``key`` (NaN where missing); round 0 is the held-out
+    evaluation before any update."""
+    out = np.full((len(config.seeds), config.nodes, config.rounds - first + 1), np.nan)
     for si, s in enumerate(config.seeds):
         for k, rows in enumerate(runs[(configuration, s)]):
             for r in rows:
-                if r.get(key) is not None and 1 <= r["round"] <= config.rounds:
-                    out[si, k, r["round"] - 1] = r[key]
+                if r.get(key) is not None and first <= r["round"] <= config.rounds:
+                    out[si, k, r["round"] - first] = r[key]
     return out
 
 
@@ -126,17 +127,22 @@ def plot_reward(config, runs, path: Path) -> None:
     plt.close(fig)
 
 
+def eval_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rounds with a held-out evaluation, round 0 (before any update) included, and [seeds, those rounds]
+    of pass@1 averaged over nodes."""
+    curves = _curves(runs, config, configuration, "eval_pass1", first=0)  # [seeds, nodes, rounds 0..R]
+    have = ~np.all(np.isnan(curves), axis=(0, 1))
+    return np.arange(0, config.rounds + 1)[have], np.nanmean(curves[:, :, have], axis=1)
+
+
 def plot_eval(config, runs, path: Path) -> None:
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for c in config.configurations:
-        curves = _curves(runs, config, c, "eval_pass1")  # [seeds, nodes, rounds]
-        have = ~np.all(np.isnan(curves), axis=(0, 1))
-        if not have.any():
+        x, per_seed = eval_series(config, runs, c)
+        if not len(x):
             continue
-        x = np.arange(1, config.rounds + 1)[have]
-        per_seed = np.nanmean(curves[:, :, have], axis=1)  # mean over nodes
         mean = np.nanmean(per_seed, axis=0)
         ax.plot(x, mean, marker="o", ms=3, label=f"{c}")
         if per_seed.shape[0] > 1:
