@@ -228,7 +228,10 @@ def test_three_nodes_train_on_each_others_records(churn):
         assert all(r["loss"] is not None for r in own_rows)
         # records are keyed by the global round of the swarm clock, not the node's step count
         assert all(r["global_round"] > 10 ** 6 for r in own_rows)
-        assert all(r["records_dropped"] == 0 for r in own_rows)  # honest peers send nothing to drop
+        # honest peers send nothing to drop but, now and then, a copy: two nodes of the small default task space can
+        # draw the same question and sample the same group, and one copy counts once
+        drops = own_rows[-1]["drops"]  # counts by reason since the node began
+        assert set(drops) <= {"duplicate"}, (name, drops)
         start = churn["nodes"][name].start_row()  # held-out pass@1 before the first update, logged once
         assert start is not None and 0.0 <= start["eval_pass1"] <= 1.0
 
