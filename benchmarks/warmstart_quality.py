@@ -15,8 +15,8 @@ start (trained now, or taken from the cache or ``--model``) this reports, per fa
 * ``format``: the share of samples with an ``<answer>…</answer>`` span;
 * ``warmstart_seconds``: the time the warm start took when it was trained by this call (null when cached).
 
-Scoring runs in this process with the node's safe scorers (no worker limits: the text is the model's own).
-Appends one JSON line per call to ``--json``.
+Scoring goes through the node's Verifier (worker processes under CPU, wall-clock and memory limits): the model's
+own completions are untrusted text too. Appends one JSON line per call to ``--json``.
 """
 
 from __future__ import annotations
@@ -32,23 +32,20 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def quality(model, tokenizer, tasks, *, eval_size: int, groups: int, group_size: int, max_new_tokens: int,
-            seed: int = 0) -> dict:
-    """The report for ``model`` on ``tasks``' held-out set (see the module docstring)."""
+def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, group_size: int,
+            max_new_tokens: int, seed: int = 0) -> dict:
+    """The report for ``model`` on ``tasks``' held-out set (see the module docstring); ``scores_of(questions,
+    texts)`` gives each question's list of scores for its list of completion texts."""
     import torch
 
     from swarmlm.sapo.engines.hf import HFEngine
-    from swarmlm.tasks import TaskSource, build_prompt, extract_answer
+    from swarmlm.tasks import build_prompt, extract_answer
     from swarmlm.tasks.reasoning_gym_tasks import eval_questions
 
     questions = eval_questions(tasks.model_copy(update={"eval_size": eval_size}))
-    source = TaskSource(tasks, stream="warmstart-quality")
     engine = HFEngine(model, tokenizer)
     prompts = [tokenizer(build_prompt(q.question, tokenizer, "auto"), add_special_tokens=False)["input_ids"]
                for q in questions]
-
-    def right(q, text: str) -> bool:
-        return source.score(q.family, extract_answer(text), q.entry) >= 1 - 1e-9
 
     with torch.no_grad():
         greedy = engine.generate(prompts, num_completions=1, max_new_tokens=max_new_tokens, greedy=True)
@@ -56,11 +53,11 @@ def quality(model, tokenizer, tasks, *, eval_size: int, groups: int, group_size:
         sampled = engine.generate(prompts[:groups], num_completions=group_size, max_new_tokens=max_new_tokens,
                                   temperature=1.0)
     per_family: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for q, gen in zip(questions, greedy):
-        per_family[q.family]["greedy"].append(float(right(q, gen.texts[0])))
+    for q, (score,) in zip(questions, scores_of(questions, [gen.texts[:1] for gen in greedy])):
+        per_family[q.family]["greedy"].append(float(score >= 1 - 1e-9))
     formats = []
-    for q, gen in zip(questions[:groups], sampled):
-        hits = [right(q, t) for t in gen.texts]
+    for q, gen, scores in zip(questions, sampled, scores_of(questions[:groups], [gen.texts for gen in sampled])):
+        hits = [s >= 1 - 1e-9 for s in scores]
         per_family[q.family]["sampled"].append(sum(hits) / len(hits))
         per_family[q.family]["signal"].append(float(0 < sum(hits) < len(hits)))
         formats += [extract_answer(t) is not None for t in gen.texts]
@@ -96,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from swarmlm.models import load_model
     from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
-    from swarmlm.tasks import TaskConfig
+    from swarmlm.tasks import ScoreRequest, TaskConfig, Verifier, extract_answer
 
     tasks = TaskConfig(preset=args.preset)
     settings = None
@@ -114,10 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.model)
     loaded = load_model(str(path))
     loaded.model.eval()
-    report = {"model": str(path) if args.model else None, "warmstart": settings, "warmstart_seconds": seconds,
-              "torch_threads": __import__("torch").get_num_threads(),
-              **quality(loaded.model, loaded.tokenizer, tasks, eval_size=args.eval_size, groups=args.groups,
-                        group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed)}
+    with Verifier(tasks) as verifier:
+        def scores_of(questions, texts):  # a request the verifier refuses or times out scores 0
+            results = verifier.score_many([ScoreRequest(q.family, [extract_answer(t) for t in group], entry=q.entry)
+                                           for q, group in zip(questions, texts)])
+            return [r.scores if r.ok else [0.0] * len(group) for r, group in zip(results, texts)]
+
+        report = {"model": str(path) if args.model else None, "warmstart": settings, "warmstart_seconds": seconds,
+                  "torch_threads": __import__("torch").get_num_threads(),
+                  **quality(loaded.model, loaded.tokenizer, tasks, scores_of, eval_size=args.eval_size,
+                            groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                            seed=args.seed)}
     print(json.dumps(report))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
