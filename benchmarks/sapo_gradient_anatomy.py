@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from swarmlm.models import load_model
     from swarmlm.sapo.config import ModelSection, SAPOConfig
     from swarmlm.sapo.node import initial_model_path
-    from swarmlm.tasks import ScoreRequest, TaskConfig, TaskSource, Verifier, extract_answer
+    from swarmlm.tasks import TaskConfig, TaskSource, Verifier
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -170,9 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     questions = TaskSource(tasks, stream=f"anatomy/{args.seed}").sample(args.groups, round=0)
     with Verifier(tasks) as verifier:
         def scores_of(qs, texts):
-            results = verifier.score_many([ScoreRequest(q.family, [extract_answer(t) for t in group], entry=q.entry)
-                                           for q, group in zip(qs, texts)])
-            return [r.scores if r.ok else [0.0] * len(group) for r, group in zip(results, texts)]
+            results = verifier.score_completions(qs, texts)
+            return [r.scores_or_zeros(len(group)) for r, group in zip(results, texts)]
 
         report = anatomy(loaded.model, loaded.tokenizer, questions, scores_of, group_size=args.group_size,
                          max_new_tokens=args.max_new_tokens, reward=args.reward, seed=args.seed)

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from swarmlm.models import load_model
     from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
-    from swarmlm.tasks import ScoreRequest, TaskConfig, Verifier, extract_answer
+    from swarmlm.tasks import TaskConfig, Verifier
 
     tasks = TaskConfig(preset=args.preset)
     settings = None
@@ -113,9 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded.model.eval()
     with Verifier(tasks) as verifier:
         def scores_of(questions, texts):  # a request the verifier refuses or times out scores 0
-            results = verifier.score_many([ScoreRequest(q.family, [extract_answer(t) for t in group], entry=q.entry)
-                                           for q, group in zip(questions, texts)])
-            return [r.scores if r.ok else [0.0] * len(group) for r, group in zip(results, texts)]
+            results = verifier.score_completions(questions, texts)
+            return [r.scores_or_zeros(len(group)) for r, group in zip(results, texts)]
 
         report = {"model": str(path) if args.model else None, "warmstart": settings, "warmstart_seconds": seconds,
                   "torch_threads": __import__("torch").get_num_threads(),

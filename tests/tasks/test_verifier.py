@@ -82,6 +82,30 @@ def test_pool_scores_equal_in_process_scores_and_regeneration_reproduces_the_str
             assert res.item.metadata == json.loads(json.dumps(q.metadata))
 
 
+def test_score_completions_scores_the_answer_span_of_each_text(verifier):
+    """Completion texts of own questions: only the <answer> span is scored, as the answer it holds would be; a text
+    without one scores as no answer."""
+    from swarmlm.tasks import format_answer
+
+    source = TaskSource(_config(preset="paper"), stream="test/77")
+    questions = [q for q in source.sample(10, round=0) if q.answer][:4]
+    texts = [[format_answer(q.answer), "no tags, just " + q.answer, format_answer("surely wrong"),
+              "reasoning first " + format_answer(q.answer)] for q in questions]
+    results = verifier.score_completions(questions, texts)
+    for q, res in zip(questions, results):
+        assert res.ok, (q.family, res.drop)
+        expected = [source.score(q.family, a, q.entry) for a in (q.answer, None, "surely wrong", q.answer)]
+        assert res.scores == pytest.approx(expected) and res.scores[0] == 1.0 and res.scores[1] < 1.0, q.family
+    unscored = verifier.score_many([ScoreRequest("countdown", ["1"], entry={"question": "", "answer": "1", "metadata": {}})])[0]
+    assert not unscored.ok and unscored.scores_or_zeros(3) == [0.0, 0.0, 0.0]
+
+
+def test_scores_or_zeros_replaces_non_finite_scores():
+    from swarmlm.tasks.verifier import ScoreResult
+
+    assert ScoreResult(scores=[1.0, float("nan"), float("inf"), 0.5]).scores_or_zeros(4) == [1.0, 0.0, 0.0, 0.5]
+
+
 def test_regenerate_returns_the_receivers_own_item(verifier):
     source = TaskSource(TaskConfig(preset="paper"), stream="test/99")
     questions = source.sample(12, round=0)

@@ -42,7 +42,7 @@ from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
 from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
-from swarmlm.tasks import Question, ScoreRequest, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
+from swarmlm.tasks import Question, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
 
 FULL_MARKS = 1.0 - 1e-9
 
@@ -163,14 +163,12 @@ class SAPONode:
     def _score_own(self, questions: list[Question], texts: list[list[str]]) -> list[list[float]]:
         """This node's scores of its own completions (or of its greedy answers), through its verifier: a group
         the verifier cannot score (over its limits) scores 0 and is counted in ``own_unscored`` by reason."""
-        results = self.verifier.score_many([ScoreRequest(q.family, [extract_answer(t) for t in group], entry=q.entry)
-                                            for q, group in zip(questions, texts)])
         out = []
-        for group, res in zip(texts, results):
+        for group, res in zip(texts, self.verifier.score_completions(questions, texts)):
             if not res.ok:
                 self.own_unscored[res.drop] += 1
                 log.warning("%s: an own group was not scored: %s (%s)", self.node_id, res.drop, res.detail[:80])
-            out.append([s if math.isfinite(s) else 0.0 for s in res.scores] if res.ok else [0.0] * len(group))
+            out.append(res.scores_or_zeros(len(group)))
         return out
 
     def task_rewards(self, scores: list[float]) -> list[float]:

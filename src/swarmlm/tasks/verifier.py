@@ -2,6 +2,7 @@
 
     verifier = Verifier(config.tasks)                 # starts the worker pool (once per node)
     own = ScoreRequest(q.family, answers, entry=q.entry)                       # the node's own question
+    verifier.score_completions(questions, texts)      # the same for completion texts of own questions
     peer = ScoreRequest(rec.family, answers, provenance=prov, question=rec.question)  # a peer's question
     results = verifier.score_many([own, peer, ...])   # one call per round: every group in one batch
     for r in results:
@@ -27,6 +28,7 @@ Results carry one score per answer. An answer on which a scorer raises scores 0 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from typing import Any
 import reasoning_gym
 
 from swarmlm.config import ConfigError
+from swarmlm.tasks.prompts import extract_answer
 from swarmlm.tasks.provenance import Provenance, check_provenance, config_digest
 from swarmlm.tasks.reasoning_gym_tasks import Question, TaskConfig
 from swarmlm.tasks.scorer_audit import allowed_families, audit_of
@@ -70,6 +73,12 @@ class ScoreResult:
     @property
     def ok(self) -> bool:
         return self.scores is not None
+
+    def scores_or_zeros(self, n: int) -> list[float]:
+        """The scores, a non-finite one as 0; ``n`` zeros for a request that was not scored."""
+        if self.scores is None:
+            return [0.0] * n
+        return [s if math.isfinite(s) else 0.0 for s in self.scores]
 
 
 @dataclass
@@ -157,6 +166,12 @@ class Verifier:
         ``scorer_timeout``), in the order given: put the requests that matter most first."""
         with self._lock:
             return self._score_many(requests, deadline)
+
+    def score_completions(self, questions: list[Question], completions: list[list[str]]) -> list[ScoreResult]:
+        """Score completion texts of questions from this node's own task stream: each text's ``<answer>`` span (see
+        :func:`~swarmlm.tasks.prompts.extract_answer`) against its question's entry; one result per question."""
+        return self.score_many([ScoreRequest(q.family, [extract_answer(t) for t in texts], entry=q.entry)
+                                for q, texts in zip(questions, completions)])
 
     def _score_many(self, requests: list[ScoreRequest], deadline: float | None) -> list[ScoreResult]:
         plans: list[_Plan] = []
