@@ -160,3 +160,17 @@ def test_values_are_written_as_valid_json(tmp_path):
     assert "NaN" not in text and "Infinity" not in text
     assert row == {"step": 1, "nan": None, "inf": "inf", "t": 0.5, "none": None, "flag": True}
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_nested_numbers_reach_tensorboard_as_key_slash_subkey(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with MetricsWriter(tmp_path, step_key="round", tensorboard=True) as w:
+        w.log({"round": 3, "loss": 0.5, "drops": {"duplicate": 2},
+               "by_family": {"chain_sum": {"format_rate": 0.75, "groups": 2}}, "note": "text", "flag": True})
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags == {"loss", "drops/duplicate", "by_family/chain_sum/format_rate", "by_family/chain_sum/groups"}
+    point = events.Scalars("by_family/chain_sum/format_rate")[0]
+    assert point.step == 3 and point.value == 0.75

@@ -18,6 +18,8 @@ from swarmlm.runtime.metrics import read_jsonl
 REQUIRED = {"round", "reward_own", "reward_external", "loss", "tokens_per_s", "eval_pass1",
             "records_accepted", "records_dropped", "external_used", "transport_seconds", "drops"}
 
+FAMILIES = {"chain_sum", "basic_arithmetic", "products"}  # the default task mix
+
 # Tiny but complete: a short warm start, 2 local + 2 external groups of 4 completions.
 SMALL = ["--local", "2", "--external", "2", "--model.warmstart-steps", "8", "--generation.group-size", "4",
          "--generation.max-new-tokens", "12", "--tasks.eval-size", "8", "--sharing.collect-timeout", "60"]
@@ -44,6 +46,11 @@ def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
             assert (r["eval_pass1"] is not None) == (r["round"] % eval_every == 0 or r["round"] == rounds)
             # the other node's records arrived and passed validation, every round
             assert r["records_accepted"] == 2 * (nodes - 1) and r["records_dropped"] == 0
+            # per family: the round's own groups, split; weighted by groups they give back the round's figures
+            fam = r["by_family"]
+            assert sum(f["groups"] for f in fam.values()) == 2 and set(fam) <= FAMILIES
+            for key in ("reward", "format_rate", "truncated_rate"):
+                assert sum(f["groups"] * f[key] for f in fam.values()) / 2 == pytest.approx(r[key if key != "reward" else "reward_own"])
         assert any(f.name.startswith("events") for f in (node / "tensorboard").iterdir())
         assert latest_checkpoint(node / "checkpoints").step == rounds
         cum = summary["nodes"][f"node-{k}"]["cumulative_reward_own"]

@@ -64,9 +64,8 @@ class MetricsWriter:
             os.fsync(self._fh.fileno())
         if self._tb is not None:
             step = int(clean.get(self.step_key, 0))
-            for key, value in clean.items():
-                if key != self.step_key and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
+            for key, value in _scalars({k: v for k, v in clean.items() if k != self.step_key}):
+                self._tb.add_scalar(key, value, step)
 
     def records(self) -> Iterator[dict[str, Any]]:
         return iter(read_jsonl(self.path))
@@ -83,3 +82,13 @@ class MetricsWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _scalars(record: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """The record's numbers as TensorBoard scalars; a nested dict's as ``key/subkey``."""
+    for key, value in record.items():
+        if isinstance(value, dict):
+            yield from _scalars(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
+

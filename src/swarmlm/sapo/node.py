@@ -21,7 +21,7 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,7 @@ class OwnRollouts:
     gen_tokens: int
     transport_seconds: float = 0.0
     global_round: int | None = None  # the swarm-wide round its records were published under
+    families: list[str] = field(default_factory=list)  # each group's task family
 
 
 class SAPONode:
@@ -212,7 +213,7 @@ class SAPONode:
         scores = self._score_own(questions, [gen.texts for gen in generated])
         own = OwnRollouts(round, generated, scores, gen_seconds,
                           gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)),
-                          global_round=global_round)
+                          global_round=global_round, families=[q.family for q in questions])
         for gen in generated:
             self.intake.remember_own(gen.texts)
         records = [RolloutRecord(self.node_id, global_round, first_slot + k, q.family, q.question, q.provenance,
@@ -340,6 +341,7 @@ class SAPONode:
             "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / max(1, len(all_completions)),
             "zero_adv_groups": sum(is_zero_advantage(self._training_rewards(gen.texts, s))
                                    for gen, s in zip(own.generated, own.scores)) / max(1, len(own.scores)),
+            "by_family": self._family_stats(own),
             "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
             "gen_seconds": own.gen_seconds,
             "train_seconds": train_seconds,
@@ -351,6 +353,21 @@ class SAPONode:
         if round % cfg.checkpoint_every == 0 or is_last:
             self.checkpoint()
         return record
+
+    def _family_stats(self, own: OwnRollouts) -> dict[str, dict[str, float]]:
+        """Per task family of the round's own groups: how many, their mean task reward, the share of completions
+        with an answer span and the share cut at ``max_new_tokens`` (a loss of the format shows which family)."""
+        totals: dict[str, list[float]] = {}
+        for family, gen, scores in zip(own.families, own.generated, own.scores):
+            t = totals.setdefault(family, [0, 0, 0.0, 0, 0])
+            t[0] += 1
+            t[1] += len(gen.texts)
+            t[2] += sum(self.task_rewards(scores))
+            t[3] += sum(extract_answer(x) is not None for x in gen.texts)
+            t[4] += sum(not f for f in gen.finished)
+        return {family: {"groups": groups, "reward": reward / max(1, n), "format_rate": fmt / max(1, n),
+                         "truncated_rate": cut / max(1, n)}
+                for family, (groups, n, reward, fmt, cut) in sorted(totals.items())}
 
     def run_round(self, round: int) -> dict[str, Any]:
         started = time.perf_counter()
