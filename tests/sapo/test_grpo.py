@@ -434,13 +434,14 @@ def test_empty_mask_gives_zero_loss_not_nan():
 
 
 # ----------------------------------------------------------------------------- SAPONode.update
-def _node(tmp_path, name, **grpo):
+def _node(tmp_path, name, rounds=100, **grpo):
     from swarmlm.sapo.config import SAPOConfig
     from swarmlm.sapo.node import SAPONode
     from swarmlm.sapo.transports.in_process import InProcessHub
 
     grpo = {"external_weight": "none", **grpo}  # the reference update unless a test asks for the weights
-    config = SAPOConfig(model={"warmstart": "never", "device": "cpu"}, grpo=grpo, tasks={"eval_size": 2}, external=0)
+    config = SAPOConfig(model={"warmstart": "never", "device": "cpu"}, grpo=grpo, tasks={"eval_size": 2}, external=0,
+                        rounds=rounds)
     return SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), tmp_path / name, "tiny-qwen2",
                     resume=False, tensorboard=False)
 
@@ -550,10 +551,24 @@ def test_node_update_skips_zero_advantage_samples_and_takes_the_same_step(tmp_pa
 
 
 def test_warmup_lr_is_linear_then_flat():
-    from swarmlm.sapo.node import warmup_lr
+    from swarmlm.sapo.node import round_lr
 
-    assert [warmup_lr(1e-3, r, 4) for r in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
-    assert warmup_lr(1e-3, 1, 0) == 1e-3  # off
+    assert [round_lr(1e-3, r, 4) for r in (1, 2, 4, 5, 100)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+    assert round_lr(1e-3, 1, 0) == 1e-3  # off
+
+
+def test_cosine_lr_decays_from_the_peak_after_warm_up_to_a_tenth_at_the_last_round():
+    from swarmlm.sapo.node import round_lr
+
+    def cosine(r):
+        return round_lr(1e-3, r, 4, schedule="cosine", rounds=24)
+
+    assert [cosine(r) for r in (1, 2, 4)] == pytest.approx([2.5e-4, 5e-4, 1e-3])  # the same warm-up
+    assert cosine(14) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half-way through the decay: (peak + floor) / 2
+    assert cosine(24) == pytest.approx(1e-4) and cosine(30) == pytest.approx(1e-4)  # the floor, and past the end
+    lrs = [cosine(r) for r in range(4, 25)]
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))  # strictly decreasing after the warm-up
+    assert round_lr(1e-3, 10, 0, schedule="cosine", rounds=10) == pytest.approx(1e-4)  # without a warm-up too
 
 
 def test_node_update_warms_up_lr_by_round(tmp_path):
@@ -569,3 +584,16 @@ def test_node_update_warms_up_lr_by_round(tmp_path):
         assert stats["loss"] is not None
         sizes.append(max(float((p - b).abs().max()) for p, b in zip(node.model.parameters(), before)))
     assert sizes[0] == pytest.approx(lr / 8, rel=0.05) and sizes[1] == pytest.approx(lr, rel=0.05)
+
+
+def test_node_decays_lr_to_a_tenth_by_its_last_round_under_the_cosine_schedule(tmp_path):
+    """The cosine schedule's horizon is the node's own ``rounds``: its last round steps at a tenth of the peak."""
+    lr = 1e-3
+    for r, expected in ((4, lr), (12, lr * 0.55), (20, lr / 10)):
+        node = _node(tmp_path, f"cos{r}", rounds=20, lr=lr, warmup_rounds=4, lr_schedule="cosine")
+        node.update(_update_samples(node.tokenizer.eos_token_id), round=r)
+        assert node.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    node = _node(tmp_path, "const", rounds=20, lr=lr, warmup_rounds=4, lr_schedule="constant")
+    node.update(_update_samples(node.tokenizer.eos_token_id), round=20)
+    assert node.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+

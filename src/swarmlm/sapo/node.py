@@ -57,12 +57,17 @@ PRESET_LR = 1e-4  # measured on the warm-started tiny-qwen2: at 2e-4 a lone node
 PRETRAINED_LR = 1e-5  # measured on SmolLM2-135M: held-out pass@1 rose at 1e-5, barely at 1e-6 (docs/results/smollm2_lr.json)
 
 
-def warmup_lr(lr: float, round: int, warmup_rounds: int) -> float:
-    """The learning rate of round ``round`` (1-based) under a linear warm-up over ``warmup_rounds`` rounds. A pure
+def round_lr(lr: float, round: int, warmup_rounds: int, *, schedule: str = "constant", rounds: int = 0) -> float:
+    """The learning rate of round ``round`` (1-based): a linear warm-up over ``warmup_rounds`` rounds, then constant,
+    or (``schedule="cosine"``) a cosine decay from ``lr`` after the warm-up to ``lr / 10`` at round ``rounds``. A pure
     function of the round, so a resumed node continues the schedule exactly."""
-    if warmup_rounds <= 0:
+    round = max(1, round)
+    if warmup_rounds > 0 and round < warmup_rounds:
+        return lr * round / warmup_rounds
+    if schedule == "constant" or rounds <= warmup_rounds:
         return lr
-    return lr * min(1.0, max(1, round) / warmup_rounds)
+    progress = min(1.0, (round - max(warmup_rounds, 1)) / max(1, rounds - max(warmup_rounds, 1)))
+    return lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
@@ -263,9 +268,11 @@ class SAPONode:
         """One GRPO update on ``samples`` (:class:`~swarmlm.sapo.update.GRPOUpdate`), then the engine's weights.
         With ``round`` (1-based) the learning rate follows the warm-up (``grpo.warmup_rounds``); without, the
         optimizer's learning rate is left as it is."""
-        if round is not None and self.config.grpo.warmup_rounds > 0:
+        g = self.config.grpo
+        if round is not None and (g.warmup_rounds > 0 or g.lr_schedule != "constant"):
+            lr = round_lr(self.lr, round, g.warmup_rounds, schedule=g.lr_schedule, rounds=self.config.rounds)
             for group in self.optimizer.param_groups:
-                group["lr"] = warmup_lr(self.lr, round, self.config.grpo.warmup_rounds)
+                group["lr"] = lr
         stats = self.updater.update(samples, self.rng)
         if samples:
             self.engine.sync_weights()  # an engine with its own copy of the weights generates with the new policy
