@@ -597,3 +597,20 @@ def test_node_decays_lr_to_a_tenth_by_its_last_round_under_the_cosine_schedule(t
     node.update(_update_samples(node.tokenizer.eos_token_id), round=20)
     assert node.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
 
+
+def test_truncated_reward_zero_pays_nothing_for_a_completion_that_does_not_end(tmp_path):
+    """Under --grpo.truncated-reward zero a completion at the token limit earns 0 (no format bonus either) and is
+    trained as sampled, without the EOS it never produced; under task (default) it is paid and ended like any."""
+    texts = ["<answer>7</answer>", "<answer>7</answer>wer>wer>", "<answer>3</answer>"]
+    scores, max_new = [1.0, 1.0, 0.0], 32
+    lengths = [18, max_new, 18]
+    task = _node(tmp_path, "task", format_reward=0.1)
+    zero = _node(tmp_path, "zero", format_reward=0.1, truncated_reward="zero")
+    assert task.config.generation.max_new_tokens == max_new
+    assert task._training_rewards(texts, scores, lengths) == pytest.approx([1.1, 1.1, 0.1])
+    assert zero._training_rewards(texts, scores, lengths) == pytest.approx([1.1, 0.0, 0.1])
+    eos = task.tokenizer.eos_token_id
+    cut, ended = list(range(40, 40 + max_new)), [40, 41, 42]
+    assert task._trained_ids(cut) == cut + [eos] and zero._trained_ids(cut) == cut
+    assert task._trained_ids(ended) == zero._trained_ids(ended) == ended + [eos]
+

@@ -63,8 +63,26 @@ def half_right(q) -> list[str]:
     return [format_answer(q.answer or ""), format_answer(q.answer or ""), "<answer>no</answer>", "<answer>no</answer>"]
 
 
-def plain(texts, scores):
+def plain(texts, scores, lengths):
     return list(scores)
+
+
+def test_the_reward_callback_sees_each_completions_length_as_the_receiver_cut_it(verifier):
+    """A completion longer than this node's token limit reaches the reward callback at the limit (so a rule on
+    completions that did not end sees it), whatever length the peer claims or generated."""
+    node = intake(verifier)
+    seen = []
+
+    def lengths_of(texts, scores, lengths):
+        seen.append(lengths)
+        return list(scores)
+
+    run_on = lambda q: [format_answer(q.answer or ""), format_answer(q.answer or "") + "x" * 60] * 2  # noqa: E731
+    pool = node.accept([msg("peer-1", records("peer-1", ROUND, run_on, n=1))], ROUND, lengths_of)
+    assert len(pool) == 1 and pool[0].scores == [1.0] * 4
+    short = len(build_byte_tokenizer()(pool[0].record.completions[0], add_special_tokens=False)["input_ids"])
+    assert seen == [[short, MAX_NEW, short, MAX_NEW]] and short < MAX_NEW
+    assert [len(ids) for ids in pool[0].completion_ids] == seen[0]
 
 
 def test_genuine_records_are_accepted_and_trained_on_the_receivers_own_question(verifier):

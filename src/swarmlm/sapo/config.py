@@ -67,6 +67,10 @@ class GRPOSection(StrictModel):
         "truncated", description="importance weight for external completions: truncated = min(1, their likelihood "
         "under this node relative to its own completions'), or none (the reference behaviour; with it a sharing "
         "node lost the answer format within 50 rounds at the default learning rate)")
+    truncated_reward: Literal["task", "zero"] = Field(
+        "task", description="training reward of a completion that reached --generation.max-new-tokens without "
+        "ending: task = what its answer earns, like any other; zero = 0 and no format bonus, and it is trained "
+        "without an appended EOS (a reply has to end to count). Never part of reward_own")
     reward: RewardMode = Field(
         "correct", description="correct = 1 for a reply the task scores in full, else 0; task = the task's score, "
         "partial credit included (reasoning-gym's arithmetic families give len(answer)/len(reply) to a wrong reply "

@@ -282,9 +282,10 @@ class PeerIntake:
         return _Candidate(sender, rec, completions, group_digest([c.ids for c in completions]), slot_key,
                           digest_of_record)
 
-    def accept(self, messages: list[Received], round: int, score: Callable[[list[str], list[float]], list[float]]
-               ) -> list[ScoredGroup]:
-        """The round's verified external groups. ``score(texts, task_scores)`` gives the training rewards."""
+    def accept(self, messages: list[Received], round: int,
+               score: Callable[[list[str], list[float], list[int]], list[float]]) -> list[ScoredGroup]:
+        """The round's verified external groups. ``score(texts, task_scores, lengths)`` gives the training rewards
+        (``lengths``: each completion's token count as this node cut it, for a rule on completions at the limit)."""
         candidates = self._candidates(messages, round)
         if not candidates:
             self.last_seconds = 0.0
@@ -303,6 +304,7 @@ class PeerIntake:
                 continue
             self.standing.accepted(c.sender, round)
             texts = [t.text for t in c.completions]
-            pool.append(ScoredGroup(c.record, score(texts, res.scores), res.scores, prompt=res.item.question,
+            rewards = score(texts, res.scores, [len(t.ids) for t in c.completions])
+            pool.append(ScoredGroup(c.record, rewards, res.scores, prompt=res.item.question,
                                     completion_ids=[t.ids for t in c.completions]))
         return pool

@@ -183,13 +183,27 @@ class SAPONode:
             return [1.0 if is_correct(s) else 0.0 for s in scores]
         return list(scores)
 
-    def _training_rewards(self, texts: list[str], scores: list[float]) -> list[float]:
-        """The rewards the update sees: the task rewards, plus ``grpo.format_reward`` for a well-formed answer."""
-        rewards = self.task_rewards(scores)
+    def _cut_at_limit(self, length: int) -> bool:
+        """Whether a completion of ``length`` tokens (without EOS) ran to ``generation.max_new_tokens`` unended
+        under ``grpo.truncated_reward zero`` (always False under ``task``)."""
+        return self.config.grpo.truncated_reward == "zero" and length >= self.config.generation.max_new_tokens
+
+    def _training_rewards(self, texts: list[str], scores: list[float], lengths: list[int]) -> list[float]:
+        """The rewards the update sees: the task rewards, plus ``grpo.format_reward`` for a well-formed answer;
+        under ``grpo.truncated_reward zero``, 0 for a completion of ``lengths`` at the token limit."""
         bonus = self.config.grpo.format_reward
-        if bonus == 0:
-            return rewards
-        return [r + bonus * (extract_answer(t) is not None) for t, r in zip(texts, rewards)]
+        return [0.0 if self._cut_at_limit(n) else r + (bonus if bonus and extract_answer(t) is not None else 0.0)
+                for t, r, n in zip(texts, self.task_rewards(scores), lengths)]
+
+    def _own_training_rewards(self, own: OwnRollouts) -> list[list[float]]:
+        return [self._training_rewards(gen.texts, s, [len(c) for c in gen.completion_ids])
+                for gen, s in zip(own.generated, own.scores)]
+
+    def _trained_ids(self, ids: list[int]) -> list[int]:
+        """A completion as it is trained: ended by EOS (:func:`with_eos`), except one cut at the limit under
+        ``grpo.truncated_reward zero``, which is trained as sampled."""
+        max_new = self.config.generation.max_new_tokens
+        return list(ids[:max_new]) if self._cut_at_limit(len(ids)) else with_eos(ids, self.tokenizer.eos_token_id, max_new)
 
     def _next_slots(self, global_round: int, n: int) -> int:
         """The first of ``n`` unused question slots of ``global_round``."""
@@ -249,19 +263,18 @@ class SAPONode:
         return pool, info
 
     def _samples(self, own: OwnRollouts, external: list[ScoredGroup]) -> list[TrainSample]:
-        eos, max_new = self.tokenizer.eos_token_id, self.config.generation.max_new_tokens
         samples = []
-        own_rewards = [self._training_rewards(gen.texts, s) for gen, s in zip(own.generated, own.scores)]
+        own_rewards = self._own_training_rewards(own)
         own_adv = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).tolist() if own_rewards else []
         for gen, advs in zip(own.generated, own_adv):
             for ids, a in zip(gen.completion_ids, advs):
-                samples.append(TrainSample(gen.prompt_ids, with_eos(ids, eos, max_new), a))
+                samples.append(TrainSample(gen.prompt_ids, self._trained_ids(ids), a))
         if external:  # the receiver's own question text, and the completions exactly as they were scored
             prompt_ids = self._prompt_ids([grp.prompt for grp in external])
             for grp, p_ids in zip(external, prompt_ids):
                 advs = group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist()
                 for ids, a in zip(grp.completion_ids, advs):
-                    samples.append(TrainSample(p_ids, with_eos(ids, eos, max_new), a, external=True))
+                    samples.append(TrainSample(p_ids, self._trained_ids(ids), a, external=True))
         return samples
 
     def update(self, samples: list[TrainSample], round: int | None = None) -> dict[str, float]:
@@ -346,8 +359,7 @@ class SAPONode:
             "completion_tokens": sum(map(len, all_completions)) / max(1, len(all_completions)),
             # the share of completions cut at max_new_tokens (no EOS), and of own groups with no advantage
             "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / max(1, len(all_completions)),
-            "zero_adv_groups": sum(is_zero_advantage(self._training_rewards(gen.texts, s))
-                                   for gen, s in zip(own.generated, own.scores)) / max(1, len(own.scores)),
+            "zero_adv_groups": sum(map(is_zero_advantage, self._own_training_rewards(own))) / max(1, len(own.scores)),
             "by_family": self._family_stats(own),
             "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
             "gen_seconds": own.gen_seconds,
