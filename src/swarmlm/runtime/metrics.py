@@ -91,4 +91,3 @@ def _scalars(record: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, fl
             yield from _scalars(value, f"{prefix}{key}/")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             yield f"{prefix}{key}", value
-
