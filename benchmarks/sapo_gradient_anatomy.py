@@ -169,12 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = TaskConfig()
     questions = TaskSource(tasks, stream=f"anatomy/{args.seed}").sample(args.groups, round=0)
     with Verifier(tasks) as verifier:
-        def scores_of(qs, texts):
-            results = verifier.score_completions(qs, texts)
-            return [r.scores_or_zeros(len(group)) for r, group in zip(results, texts)]
-
-        report = anatomy(loaded.model, loaded.tokenizer, questions, scores_of, group_size=args.group_size,
-                         max_new_tokens=args.max_new_tokens, reward=args.reward, seed=args.seed)
+        report = anatomy(loaded.model, loaded.tokenizer, questions, verifier.completion_scores,
+                         group_size=args.group_size, max_new_tokens=args.max_new_tokens, reward=args.reward, seed=args.seed)
     report["model"] = str(model_name)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

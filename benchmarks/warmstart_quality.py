@@ -112,14 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(str(path))
     loaded.model.eval()
     with Verifier(tasks) as verifier:
-        def scores_of(questions, texts):  # a request the verifier refuses or times out scores 0
-            results = verifier.score_completions(questions, texts)
-            return [r.scores_or_zeros(len(group)) for r, group in zip(results, texts)]
-
         report = {"model": str(path) if args.model else None, "warmstart": settings, "warmstart_seconds": seconds,
                   "torch_threads": __import__("torch").get_num_threads(),
-                  **quality(loaded.model, loaded.tokenizer, tasks, scores_of, eval_size=args.eval_size,
-                            groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                  **quality(loaded.model, loaded.tokenizer, tasks, verifier.completion_scores,
+                            eval_size=args.eval_size, groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                             seed=args.seed)}
     print(json.dumps(report))
     if args.json:

@@ -96,6 +96,7 @@ def test_score_completions_scores_the_answer_span_of_each_text(verifier):
         assert res.ok, (q.family, res.drop)
         expected = [source.score(q.family, a, q.entry) for a in (q.answer, None, "surely wrong", q.answer)]
         assert res.scores == pytest.approx(expected) and res.scores[0] == 1.0 and res.scores[1] < 1.0, q.family
+    assert verifier.completion_scores(questions, texts) == [r.scores for r in results]
     unscored = verifier.score_many([ScoreRequest("countdown", ["1"], entry={"question": "", "answer": "1", "metadata": {}})])[0]
     assert not unscored.ok and unscored.scores_or_zeros(3) == [0.0, 0.0, 0.0]
 

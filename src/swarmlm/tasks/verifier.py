@@ -173,6 +173,11 @@ class Verifier:
         return self.score_many([ScoreRequest(q.family, [extract_answer(t) for t in texts], entry=q.entry)
                                 for q, texts in zip(questions, completions)])
 
+    def completion_scores(self, questions: list[Question], completions: list[list[str]]) -> list[list[float]]:
+        """:meth:`score_completions` as plain scores: a question the verifier refused or timed out scores 0 for
+        every completion (for callers that count no drops, such as the benchmarks)."""
+        return [r.scores_or_zeros(len(texts)) for r, texts in zip(self.score_completions(questions, completions), completions)]
+
     def _score_many(self, requests: list[ScoreRequest], deadline: float | None) -> list[ScoreResult]:
         plans: list[_Plan] = []
         jobs: list[dict[str, Any]] = []
