@@ -262,9 +262,9 @@ class SAPONode:
                 "records_received": self.intake.last_received, "verify_seconds": self.intake.last_seconds}
         return pool, info
 
-    def _samples(self, own: OwnRollouts, external: list[ScoredGroup]) -> list[TrainSample]:
+    def _samples(self, own: OwnRollouts, own_rewards: list[list[float]], external: list[ScoredGroup]) -> list[TrainSample]:
+        """The update's samples: own groups with ``own_rewards`` (:meth:`_own_training_rewards`), then ``external``."""
         samples = []
-        own_rewards = self._own_training_rewards(own)
         own_adv = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).tolist() if own_rewards else []
         for gen, advs in zip(own.generated, own_adv):
             for ids, a in zip(gen.completion_ids, advs):
@@ -325,11 +325,13 @@ class SAPONode:
             pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
                               "records_received": 0, "accepted_sources": {}, "verify_seconds": 0.0}
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng)
-        samples = self._samples(own, chosen)
+        own_training_rewards = self._own_training_rewards(own)
+        samples = self._samples(own, own_training_rewards, chosen)
         started = time.perf_counter()
         train_stats = self.update(samples, round)
         train_seconds = time.perf_counter() - started
         own_rewards = [self.task_rewards(s) for s in own.scores]
+        answered = [[extract_answer(t) is not None for t in gen.texts] for gen in own.generated]
         reward_own = sum(map(sum, own_rewards)) / max(1, sum(map(len, own_rewards)))
         self.cumulative_reward_own += reward_own
         self.round = round
@@ -355,12 +357,12 @@ class SAPONode:
             "transport_seconds": info["transport_seconds"] + own.transport_seconds,
             "drops": dict(self.drops.counts),
             "own_unscored": dict(self.own_unscored),
-            "format_rate": sum(extract_answer(t) is not None for gen in own.generated for t in gen.texts) / max(1, len(all_completions)),
+            "format_rate": sum(map(sum, answered)) / max(1, len(all_completions)),
             "completion_tokens": sum(map(len, all_completions)) / max(1, len(all_completions)),
             # the share of completions cut at max_new_tokens (no EOS), and of own groups with no advantage
             "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / max(1, len(all_completions)),
-            "zero_adv_groups": sum(map(is_zero_advantage, self._own_training_rewards(own))) / max(1, len(own.scores)),
-            "by_family": self._family_stats(own),
+            "zero_adv_groups": sum(map(is_zero_advantage, own_training_rewards)) / max(1, len(own.scores)),
+            "by_family": self._family_stats(own, own_rewards, answered),
             "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
             "gen_seconds": own.gen_seconds,
             "train_seconds": train_seconds,
@@ -373,16 +375,18 @@ class SAPONode:
             self.checkpoint()
         return record
 
-    def _family_stats(self, own: OwnRollouts) -> dict[str, dict[str, float]]:
-        """Per task family of the round's own groups: how many, their mean task reward, the share of completions
-        with an answer span and the share cut at ``max_new_tokens`` (a loss of the format shows which family)."""
+    @staticmethod
+    def _family_stats(own: OwnRollouts, rewards: list[list[float]], answered: list[list[bool]]) -> dict[str, dict[str, float]]:
+        """Per task family of the round's own groups: how many, their mean task reward (``rewards``), the share of
+        completions with an answer span (``answered``) and the share cut at ``max_new_tokens`` (a loss of the format
+        shows which family)."""
         totals: dict[str, list[float]] = {}
-        for family, gen, scores in zip(own.families, own.generated, own.scores):
+        for family, gen, group_rewards, group_answered in zip(own.families, own.generated, rewards, answered):
             t = totals.setdefault(family, [0, 0, 0.0, 0, 0])
             t[0] += 1
             t[1] += len(gen.texts)
-            t[2] += sum(self.task_rewards(scores))
-            t[3] += sum(extract_answer(x) is not None for x in gen.texts)
+            t[2] += sum(group_rewards)
+            t[3] += sum(group_answered)
             t[4] += sum(not f for f in gen.finished)
         return {family: {"groups": groups, "reward": reward / max(1, n), "format_rate": fmt / max(1, n),
                          "truncated_rate": cut / max(1, n)}
