@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from swarmlm.runtime.checkpoints import latest_checkpoint
+from swarmlm.runtime.environment import cpu_model, describe_environment
 from swarmlm.runtime.metrics import read_jsonl
+from swarmlm.sapo.warmstart import warmstart_info
 
 REQUIRED = {"round", "reward_own", "reward_external", "loss", "tokens_per_s", "eval_pass1",
             "records_accepted", "records_dropped", "external_used", "transport_seconds", "drops"}
@@ -57,6 +59,10 @@ def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
         assert cum == pytest.approx(sum(r["reward_own"] for r in rows))
         total += cum
     assert summary["total_cumulative_reward_own"] == pytest.approx(total)
+    # where the numbers come from: this machine, and the warm start the nodes began from
+    assert summary["environment"] == {**describe_environment(), "torch_threads": summary["environment"]["torch_threads"]}
+    assert summary["warmstart"] == warmstart_info(summary["initial_model"]) and summary["warmstart"]["config"]["steps"] == 8
+    assert summary["warmstart"]["environment"]["cpu"] == cpu_model()
     return summary
 
 
@@ -68,6 +74,7 @@ def test_simulate_two_nodes_share_and_log(tmp_path, transport):
                   "--out", str(out), *SMALL)
     assert res.returncode == 0, res.stderr[-3000:]
     check_run(out, nodes=2, rounds=3, eval_every=2)
+    assert f"machine: {cpu_model()}, torch " in res.stdout and "warm start: final loss " in res.stdout
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import sys
 
 from swarmlm.sapo.config import SimulateConfig
-from swarmlm.sapo.summary import summary_table
+from swarmlm.sapo.summary import provenance_line, summary_table
 from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 from swarmlm.sapo.warmstart import WarmstartConfig
 
@@ -21,6 +21,7 @@ def simulate_command(config: SimulateConfig) -> int:
         print(f"\nSAPO, {config.nodes} node(s), {config.rounds} rounds, I/J = {config.local}/{config.external}, "
               f"{summary['wall_seconds']:.0f} s{state}:\n")
         print(summary_table(summary))
+        print(provenance_line(summary))
         print(f"\nmetrics: {config.out}/node-*/metrics.jsonl, summary: {config.out}/summary.json")
     return 0 if summary.get("completed", True) else 130
 

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from swarmlm.runtime.environment import describe_environment
 from swarmlm.runtime.metrics import read_jsonl
+from swarmlm.sapo.warmstart import warmstart_info
 
 
 def node_dir(out: str | Path, index: int) -> Path:
@@ -91,3 +93,21 @@ def summary_table(summary: dict[str, Any]) -> str:
         s, e = sum(starts) / len(starts), sum(ends) / len(ends)
         rows.append(f"| mean | {s:.3f} | {e:.3f} | {e - s:+.3f} | {summary['total_cumulative_reward_own'] / len(summary['nodes']):.2f} | |")
     return "\n".join(rows)
+
+
+def provenance(initial_model: str) -> dict[str, Any]:
+    """Where a run's numbers come from: this machine (``environment``), the model the nodes began from and, for a
+    warm start, its ``warmstart.json`` (float32 training gives another warm start on another processor)."""
+    return {"environment": describe_environment(), "initial_model": initial_model, "warmstart": warmstart_info(initial_model)}
+
+
+def provenance_line(summary: dict[str, Any]) -> str:
+    """One line: the machine the run took, and the one its warm start was trained on with its final loss (the
+    same settings give another warm start, and other numbers, on another processor)."""
+    env = summary.get("environment") or {}
+    line = f"machine: {env.get('cpu', 'unknown')}, torch {env.get('torch')}, {env.get('torch_threads')} thread(s)"
+    ws = summary.get("warmstart")
+    if ws:
+        trained_on = (ws.get("environment") or {}).get("cpu", "an unrecorded machine")
+        line += f"; warm start: final loss {ws['final_loss']:.4f}, trained on {trained_on}"
+    return line

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from swarmlm.config import StrictModel
 from swarmlm.models import PRESETS, build_preset
 from swarmlm.runtime.cache import cache_root, file_lock
+from swarmlm.runtime.environment import describe_environment
 from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer
 
 log = logging.getLogger(__name__)
@@ -100,11 +101,23 @@ def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    info = {"config": config.model_dump(mode="json"), "final_loss": loss_value, "seconds": round(time.time() - started, 1)}
+    # the processor is part of what a warm start is: float32 training does not give the same model on another one
+    info = {"config": config.model_dump(mode="json"), "final_loss": loss_value, "seconds": round(time.time() - started, 1),
+            "environment": describe_environment()}
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     return info
+
+
+def warmstart_info(model_dir: str | Path) -> dict | None:
+    """What a warm start directory's ``warmstart.json`` says (its settings, final loss, seconds and the machine it
+    was trained on), or None for a model that is not a warm start."""
+    path = Path(model_dir) / "warmstart.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def warmstart(config: WarmstartConfig, *, progress: bool = True) -> Path:

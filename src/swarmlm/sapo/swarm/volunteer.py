@@ -22,7 +22,7 @@ from typing import Any
 from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
 from swarmlm.runtime.metrics import read_jsonl
-from swarmlm.sapo.summary import node_totals
+from swarmlm.sapo.summary import node_totals, provenance, provenance_line
 from swarmlm.sapo.swarm.config import SwarmNodeConfig
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
             node.close()
     finally:
         transport.close()
-    summary = node_totals(read_jsonl(out / "metrics.jsonl")) | {"completed": completed, "wall_seconds": round(time.time() - started, 1)}
+    summary = (node_totals(read_jsonl(out / "metrics.jsonl")) | {"completed": completed, "wall_seconds": round(time.time() - started, 1)}
+               | provenance(initial))
     _write_json(out / "summary.json", summary)
     return summary
 
@@ -138,5 +139,6 @@ def print_volunteer_summary(summary: dict[str, Any], out: str) -> int:
             "drops", "peers_seen", "transport_fraction", "transport_wait_fraction", "transport_io_fraction", "completed",
             "wall_seconds")
     print(json.dumps({k: summary.get(k) for k in keep}, indent=1), file=sys.stdout)
+    print(provenance_line(summary))
     print(f"metrics: {out}/metrics.jsonl, summary: {out}/summary.json")
     return 0 if summary.get("completed") else 130
