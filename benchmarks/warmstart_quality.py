@@ -3,6 +3,7 @@
     python benchmarks/warmstart_quality.py --steps 600                       # the default warm start (cached)
     python benchmarks/warmstart_quality.py --steps 1000 --preset easy
     python benchmarks/warmstart_quality.py --steps 500 --lr 3e-3 --schedule cosine --json results.jsonl
+    python benchmarks/warmstart_quality.py --model runs/sapo/node-0/checkpoints/step-000100/model   # a trained node
 
 GRPO (arXiv 2402.03300) learns only from groups whose completions disagree: a group of L samples that are all
 wrong, or all right, has zero advantage. So what a warm start is worth to RL is not only its greedy pass@1 but
@@ -12,7 +13,8 @@ start (trained now, or taken from the cache or ``--model``) this reports, per fa
 * ``greedy``: greedy pass@1 on the first ``--eval-size`` held-out questions (full marks only);
 * ``sampled``: the share of ``--group-size`` samples at temperature 1 that are right, on ``--groups`` of them;
 * ``signal``: the share of those groups with both a right and a wrong answer;
-* ``format``: the share of samples with an ``<answer>…</answer>`` span;
+* ``format``: the share of samples with an ``<answer>…</answer>`` span, and ``unformatted``: the samples without
+  one, counted per family, with the first few as written (what a loss of the format looks like);
 * ``warmstart_seconds``: the time the warm start took when it was trained by this call (null when cached).
 
 Scoring goes through the node's Verifier (worker processes under CPU, wall-clock and memory limits): the model's
@@ -30,6 +32,9 @@ from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+MAX_EXAMPLES = 20
 
 
 def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, group_size: int,
@@ -56,11 +61,18 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
     for q, (score,) in zip(questions, scores_of(questions, [gen.texts[:1] for gen in greedy])):
         per_family[q.family]["greedy"].append(float(score >= 1 - 1e-9))
     formats = []
+    unformatted: dict[str, int] = defaultdict(int)
+    examples: list[str] = []
     for q, gen, scores in zip(questions, sampled, scores_of(questions[:groups], [gen.texts for gen in sampled])):
         hits = [s >= 1 - 1e-9 for s in scores]
         per_family[q.family]["sampled"].append(sum(hits) / len(hits))
         per_family[q.family]["signal"].append(float(0 < sum(hits) < len(hits)))
-        formats += [extract_answer(t) is not None for t in gen.texts]
+        for text in gen.texts:
+            formats.append(extract_answer(text) is not None)
+            if not formats[-1]:
+                unformatted[q.family] += 1
+                if len(examples) < MAX_EXAMPLES:
+                    examples.append(text)
 
     def mean(values: list[float]) -> float | None:
         return round(sum(values) / len(values), 3) if values else None
@@ -70,6 +82,9 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
 
     return {"greedy": overall("greedy"), "sampled": overall("sampled"), "signal": overall("signal"),
             "format": mean([float(f) for f in formats]),
+            # the samples without an answer span: how many per family, and the first few as written
+            "unformatted": {"count": sum(unformatted.values()), "by_family": dict(sorted(unformatted.items())),
+                            "examples": examples},
             "per_family": {name: {k: mean(v) for k, v in fam.items()} for name, fam in sorted(per_family.items())},
             "eval_size": len(questions), "groups": min(groups, len(questions)), "group_size": group_size}
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from swarmlm.tasks import extract_answer
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
@@ -226,3 +228,9 @@ def test_warmstart_quality_trains_and_reports(tmp_path):
         if fam.get("sampled") in (0.0, 1.0):
             assert fam["signal"] == 0.0
     assert set(report["per_family"]) <= {"chain_sum", "basic_arithmetic", "products"}
+    # the samples without an answer span, counted and shown: as many as the format share leaves out
+    bad = report["unformatted"]
+    assert bad["count"] == sum(bad["by_family"].values()) == round((1 - report["format"]) * 3 * 3)
+    assert set(bad["by_family"]) <= set(report["per_family"])
+    assert len(bad["examples"]) == min(bad["count"], 20)
+    assert all(extract_answer(t) is None for t in bad["examples"])
