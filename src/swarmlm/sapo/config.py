@@ -20,6 +20,8 @@ class ModelSection(NamedSection):
         "auto", description="supervised format warm start before RL; auto = for built-in presets only")
     warmstart_steps: int = Field(600, ge=0, description="optimizer steps of the warm start")
     warmstart_seed: int = Field(0, ge=0, description="seed of the warm start (shared by all nodes and run seeds)")
+    warmstart_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="the warm start's learning rate after its warm-up: constant, or a cosine decay to a tenth")
 
 
 class GenerationSection(StrictModel):

@@ -75,7 +75,8 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
     m = config.model
     if m.warmstart == "never" or (m.warmstart == "auto" and m.name not in PRESETS):
         return m.name
-    ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=m.warmstart_seed)
+    ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=m.warmstart_seed,
+                         schedule=m.warmstart_schedule)
     return str(warmstart(ws, progress=progress))
 
 
