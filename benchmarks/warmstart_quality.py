@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from swarmlm.models import load_model
-    from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
+    from swarmlm.sapo.warmstart import WarmstartConfig, warmstart, warmstart_info
     from swarmlm.tasks import TaskConfig, Verifier
 
     tasks = TaskConfig(preset=args.preset)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                  schedule=args.schedule, seed=args.seed, out=args.out)
         started = time.time()
         path = warmstart(config, progress=sys.stderr.isatty())
-        info = json.loads((path / "warmstart.json").read_text())
+        info = warmstart_info(path)
         seconds = info["seconds"] if time.time() - started > 0.5 * info["seconds"] else None  # trained by this call
         settings = {"preset": args.preset, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
                     "schedule": args.schedule, "seed": args.seed}
