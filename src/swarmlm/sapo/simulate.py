@@ -7,7 +7,6 @@ rank of its own process, launched locally with torch's elastic launcher or by th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -20,7 +19,7 @@ from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
 from swarmlm.sapo.config import SimulateConfig
 from swarmlm.sapo.node import SAPONode, initial_model_path
-from swarmlm.sapo.summary import node_dir, provenance, write_run_summary
+from swarmlm.sapo.summary import node_dir, provenance, run_summary, write_summary
 from swarmlm.sapo.transports.in_process import InProcessHub
 from swarmlm.tasks import Verifier
 
@@ -107,8 +106,8 @@ def run_simulation(config: SimulateConfig, *, progress: bool = True) -> dict[str
             return {}
     else:
         launch_local(config.nodes, torch_worker, config.model_dump_json(), initial)
-    summary = write_run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
+    summary = run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
     summary["completed"] = completed
     summary.update(provenance(initial))
-    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
+    write_summary(out, summary)
     return summary

@@ -1,5 +1,5 @@
 """Totals of SAPO runs, read back from the nodes' ``metrics.jsonl`` files: per node (:func:`node_totals`) and
-per run of several nodes on one machine (:func:`write_run_summary`, the run's ``summary.json``)."""
+per run of several nodes on one machine (:func:`run_summary`, written as the run's ``summary.json``)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def node_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def write_run_summary(out: str | Path, num_nodes: int, wall_seconds: float | None = None) -> dict[str, Any]:
-    """Every node's totals, the swarm's cumulative own reward and mean final pass@1; written to ``summary.json``."""
+def run_summary(out: str | Path, num_nodes: int, wall_seconds: float | None = None) -> dict[str, Any]:
+    """Every node's totals, the swarm's cumulative own reward and mean final pass@1, read from the nodes' metrics."""
     nodes = {f"node-{k}": node_totals(read_jsonl(node_dir(out, k) / "metrics.jsonl")) for k in range(num_nodes)}
     finals = [n["final_eval_pass1"] for n in nodes.values() if n["final_eval_pass1"] is not None]
     summary = {
@@ -67,8 +67,12 @@ def write_run_summary(out: str | Path, num_nodes: int, wall_seconds: float | Non
         "mean_final_eval_pass1": sum(finals) / len(finals) if finals else None,
         "wall_seconds": wall_seconds,
     }
-    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def write_summary(out: str | Path, summary: dict[str, Any]) -> None:
+    """The run's ``OUT/summary.json``, written once when the run is over."""
+    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

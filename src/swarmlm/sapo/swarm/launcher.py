@@ -21,7 +21,7 @@ from typing import Any
 
 from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
-from swarmlm.sapo.summary import node_dir, write_run_summary
+from swarmlm.sapo.summary import node_dir, run_summary, write_summary
 from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         if code not in (0, 130):
             print(f"{name} failed with exit code {code}; last lines of its log:\n{_tail(node_dir(out, int(name[5:])) / 'node.log')}",
                   file=sys.stderr)
-    summary = write_run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
+    summary = run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
     per_node = summary["nodes"]
     round_s = sum((s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
     transport_s = sum((s["transport_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
@@ -232,5 +232,5 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
         completed=not interrupted and all(code == 0 for code in codes.values()),
     )
-    Path(out, "summary.json").write_text(json.dumps(summary, indent=1))
+    write_summary(out, summary)
     return summary
