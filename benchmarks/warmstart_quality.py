@@ -15,7 +15,9 @@ start (trained now, or taken from the cache or ``--model``) this reports, per fa
 * ``signal``: the share of those groups with both a right and a wrong answer;
 * ``format``: the share of samples with an ``<answer>…</answer>`` span, and ``unformatted``: the samples without
   one, counted per family, with the first few as written (what a loss of the format looks like);
-* ``warmstart_seconds``: the time the warm start took when it was trained by this call (null when cached).
+* ``warmstart_seconds``: the time the warm start took when it was trained by this call (null when cached);
+* ``environment``: the machine and library versions of this call (a warm start's float32 training differs by
+  processor, so its figures are tied to the machine).
 
 Scoring goes through the node's Verifier (worker processes under CPU, wall-clock and memory limits): the model's
 own completions are untrusted text too. Appends one JSON line per call to ``--json``.
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from swarmlm.models import load_model
+    from swarmlm.runtime.environment import describe_environment
     from swarmlm.sapo.warmstart import WarmstartConfig, warmstart, warmstart_info
     from swarmlm.tasks import TaskConfig, Verifier
 
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded.model.eval()
     with Verifier(tasks) as verifier:
         report = {"model": str(path) if args.model else None, "warmstart": settings, "warmstart_seconds": seconds,
-                  "torch_threads": __import__("torch").get_num_threads(),
+                  "environment": describe_environment(),
                   **quality(loaded.model, loaded.tokenizer, tasks, verifier.completion_scores,
                             eval_size=args.eval_size, groups=args.groups, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                             seed=args.seed)}

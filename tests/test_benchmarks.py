@@ -222,6 +222,7 @@ def test_warmstart_quality_trains_and_reports(tmp_path):
     report = json.loads(log.read_text().splitlines()[-1])
     assert report["warmstart"]["steps"] == 2 and report["warmstart_seconds"] is not None
     assert report["eval_size"] == 6 and report["groups"] == 3
+    assert report["environment"]["cpu_count"] >= 1 and report["environment"]["torch"]
     for key in ("greedy", "sampled", "signal", "format"):
         assert 0.0 <= report[key] <= 1.0
     for fam in report["per_family"].values():
