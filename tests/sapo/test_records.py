@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import pytest
 
@@ -238,3 +239,15 @@ def test_a_rounds_message_keeps_its_newest_records_within_the_limits():
     got, drops = decode(payload, by_bytes)
     assert len(payload) <= by_bytes.max_message_bytes and drops.total() == 0
     assert [r.slot for r in got] == list(range(10 - len(got), 10)) and 2 <= len(got) < 10
+
+
+def test_routine_duplicates_log_at_debug_and_hostile_drops_warn(caplog):
+    """Honest nodes send identical groups every round: counted, but logged only at DEBUG; a malformed message
+    from a peer is a warning."""
+    drops = DropCounter()
+    with caplog.at_level(logging.DEBUG, logger="swarmlm.sapo.records"):
+        drops.drop("duplicate", SENDER, "a group seen before")
+        drops.drop("malformed", SENDER, "not JSON")
+    levels = {r.getMessage().split(": ")[1].split(" ")[0]: r.levelno for r in caplog.records}
+    assert levels == {"duplicate": logging.DEBUG, "malformed": logging.WARNING}
+    assert dict(drops.counts) == {"duplicate": 1, "malformed": 1}
