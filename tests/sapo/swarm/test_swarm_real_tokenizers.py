@@ -103,7 +103,12 @@ def test_byte_level_and_bpe_nodes_share_records_both_ways(tmp_path, smollm2_form
         assert sources(rows, "accepted_sources") == {ids[other]}, me
         assert sources(rows, "external_sources") == {ids[other]}, me
         assert sum(r["external_used"] for r in rows) >= 2, me
-        assert all(r["records_dropped"] == 0 for r in rows), (me, [r["drops"] for r in rows])
+        # nothing refused but, now and then, a copy: the small task space draws a question again and a node that
+        # answers it the same way publishes the same group, which counts once (``duplicate``, as between honest
+        # nodes of tests/sapo/swarm/test_swarm_nodes.py); every record that could have been refused for its
+        # tokens (``control_token``) or its shape is counted under another reason
+        assert all(set(r["drops"]) <= {"duplicate"} for r in rows), (me, [r["drops"] for r in rows])
+        assert sum(r["records_accepted"] for r in rows) > sum(r["records_dropped"] for r in rows), me
         assert all(r["loss"] is not None for r in rows), me
         assert "Traceback" not in node.log()
     # two real tokenizers: a byte-level one (259 ids, 1 id a byte) and SmolLM2's BPE with its chat template
