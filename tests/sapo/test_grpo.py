@@ -582,7 +582,7 @@ def test_node_update_warms_up_lr_by_round(tmp_path):
         stats = node.update(_update_samples(node.tokenizer.eos_token_id), round=r)
         assert node.optimizer.param_groups[0]["lr"] == pytest.approx(lr * r / 8)
         assert stats["loss"] is not None
-        sizes.append(max(float((p - b).abs().max()) for p, b in zip(node.model.parameters(), before)))
+        sizes.append(max(float((p.detach() - b).abs().max()) for p, b in zip(node.model.parameters(), before)))
     assert sizes[0] == pytest.approx(lr / 8, rel=0.05) and sizes[1] == pytest.approx(lr, rel=0.05)
 
 
