@@ -79,7 +79,7 @@ class DropCounter:
     def drop(self, reason: str, sender: str, detail: str = "") -> None:
         self.counts[reason] += 1
         # Honest nodes of a small task space publish identical groups often (the same question answered the same
-        # way; a few a node and round in the default run): counted like any drop, and logged only at DEBUG
+        # way; about 4% of the records a node receives in the default run): counted like any drop, logged only at DEBUG
         # (``--log-level DEBUG``), so that the warnings that point at a broken or hostile peer stand out.
         level = logging.DEBUG if reason in ROUTINE_DROPS else logging.WARNING
         log.log(level, "dropped record from %s: %s%s", printable(sender, 64), reason,
