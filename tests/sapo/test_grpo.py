@@ -614,3 +614,45 @@ def test_truncated_reward_zero_pays_nothing_for_a_completion_that_does_not_end(t
     assert task._trained_ids(cut) == cut + [eos] and zero._trained_ids(cut) == cut
     assert task._trained_ids(ended) == zero._trained_ids(ended) == ended + [eos]
 
+
+
+def test_permuted_within_groups_keeps_each_groups_advantages_and_moves_them():
+    import random
+
+    from swarmlm.sapo.grpo import permuted_within_groups
+
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0, 0.5], [0.0] * 6, [3.0, 2.0, 1.0, 0.0, -1.0, -2.0]],
+                                        dtype=torch.float64)).tolist()
+    out = permuted_within_groups(adv, random.Random(7))
+    assert [sorted(g) for g in out] == [sorted(g) for g in adv]  # the same values, group by group
+    assert out[1] == adv[1]  # a group without signal stays without signal
+    assert out[2] != adv[2]  # six distinct values: an order is moved (probability 1/720 it is not, and seeded)
+    assert out == permuted_within_groups(adv, random.Random(7))  # seeded
+
+
+def test_node_shuffle_advantages_trains_the_same_advantages_on_other_completions(tmp_path):
+    """--grpo.shuffle-advantages (the reward control): every own and external group reaches the update with the
+    advantages it would have had, assigned to its completions in another order; off (the default), in order."""
+    from swarmlm.sapo.engines.base import Generated
+    from swarmlm.sapo.node import OwnRollouts
+    from swarmlm.sapo.records import RolloutRecord
+    from swarmlm.sapo.selection import ScoredGroup
+
+    rewards = [[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]]
+    completions = [[[10 + i] for i in range(8)], [[30 + i] for i in range(8)]]
+    own = OwnRollouts(round=3, generated=[Generated([1, 2], ids, ["x"] * 8, [True] * 8) for ids in completions],
+                      scores=rewards, gen_seconds=0.0, gen_tokens=0)
+    record = RolloutRecord("node-1", 3, 0, "chain_sum", "q", None, ["y"] * 8, "tiny-qwen2")
+    external = [ScoredGroup(record, [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0], prompt="What is 1 + 1?",
+                            completion_ids=[[50 + i] for i in range(8)])]
+    plain, shuffled = _node(tmp_path, "plain"), _node(tmp_path, "shuffled", shuffle_advantages=True)
+    a, b = plain._samples(own, rewards, external), shuffled._samples(own, rewards, external)
+    assert [s.completion_ids for s in a] == [s.completion_ids for s in b]  # the same completions, in the same order
+    assert [s.external for s in a] == [s.external for s in b] == [False] * 16 + [True] * 8
+    expected = group_advantages(torch.tensor(rewards + [external[0].rewards], dtype=torch.float64)).tolist()
+    assert [s.advantage for s in a] == pytest.approx([x for g in expected for x in g])
+    for k in range(3):
+        got = [s.advantage for s in b[8 * k: 8 * k + 8]]
+        assert sorted(got) == pytest.approx(sorted(expected[k]))
+    assert [s.advantage for s in b] != pytest.approx([s.advantage for s in a])
+    assert [s.advantage for s in b] == [s.advantage for s in shuffled._samples(own, rewards, external)]  # seeded

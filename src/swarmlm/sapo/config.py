@@ -73,6 +73,10 @@ class GRPOSection(StrictModel):
         "task", description="training reward of a completion that reached --generation.max-new-tokens without "
         "ending: task = what its answer earns, like any other; zero = 0 and no format bonus, and it is trained "
         "without an appended EOS (a reply has to end to count). Never part of reward_own")
+    shuffle_advantages: bool = Field(
+        False, description="control experiment, not training: permute each group's advantages among its completions "
+        "before the update (own and external groups alike), so the update sees the same advantages with no link to "
+        "what each completion says; what such a run gains, the reward did not cause")
     reward: RewardMode = Field(
         "correct", description="correct = 1 for a reply the task scores in full, else 0; task = the task's score, "
         "partial credit included (reasoning-gym's arithmetic families give len(answer)/len(reply) to a wrong reply "

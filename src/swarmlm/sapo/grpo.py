@@ -13,6 +13,8 @@ All functions are pure tensor maths, checked against TRL's implementation in the
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 
@@ -27,6 +29,12 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     mean = rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
     return (rewards - mean) / (std + eps)
+
+
+def permuted_within_groups(advantages: list[list[float]], rng: random.Random) -> list[list[float]]:
+    """Each group's advantages in a random order: the control of a reward-learning claim (what a run gains when
+    the update sees exactly the same advantages, group by group, with no link to what each completion says)."""
+    return [rng.sample(group, len(group)) for group in advantages]
 
 
 def is_zero_advantage(rewards: torch.Tensor | list[float], tol: float = 1e-9) -> bool:

@@ -35,7 +35,7 @@ from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
-from swarmlm.sapo.grpo import group_advantages, is_zero_advantage
+from swarmlm.sapo.grpo import group_advantages, is_zero_advantage, permuted_within_groups
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
@@ -267,6 +267,10 @@ class SAPONode:
         """The update's samples: own groups with ``own_rewards`` (:meth:`_own_training_rewards`), then ``external``."""
         samples = []
         own_adv = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).tolist() if own_rewards else []
+        # grpo.shuffle_advantages (a control): its own stream, so that the run's other draws match an ordinary run's
+        control = random.Random(f"shuffle-advantages/{self.seed}/{own.round}") if self.config.grpo.shuffle_advantages else None
+        if control is not None:
+            own_adv = permuted_within_groups(own_adv, control)
         for gen, advs in zip(own.generated, own_adv):
             for ids, a in zip(gen.completion_ids, advs):
                 samples.append(TrainSample(gen.prompt_ids, self._trained_ids(ids), a))
@@ -274,6 +278,8 @@ class SAPONode:
             prompt_ids = self._prompt_ids([grp.prompt for grp in external])
             for grp, p_ids in zip(external, prompt_ids):
                 advs = group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist()
+                if control is not None:
+                    advs = permuted_within_groups([advs], control)[0]
                 for ids, a in zip(grp.completion_ids, advs):
                     samples.append(TrainSample(p_ids, self._trained_ids(ids), a, external=True))
         return samples
