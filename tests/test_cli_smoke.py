@@ -68,7 +68,8 @@ SMOKE: dict[tuple[str, ...], Case] = {
     ("sapo", "node"): Case(["--rounds", "1", *SAPO_TINY, *SWARM_TINY, "--progress", "false", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                             "--swarm.run", "smoke-{uid}", "--out", "{out}"],
                            writes=["peer.json", "summary.json", "config.yaml", *NODE_FILES],
-                           prints=["swarmlm sapo node --initial-peers", "machine: "]),
+                           prints=["swarmlm sapo node --initial-peers", "| pass@1 at start |", "records: 0 accepted",
+                                   "machine: "]),
     # two node processes (two architectures) exchanging records over loopback, one display, one summary
     ("sapo", "swarm"): Case([], covered_by="tests/sapo/swarm/test_swarm_nodes.py::test_swarm_command_runs_nodes_and_summarises"),
     # in_process: both replicas in this process (the gloo processes have their own tests in tests/noloco)

@@ -3,11 +3,10 @@ its validated config. The sharing experiment's handler is with the experiment (:
 
 from __future__ import annotations
 
-import json
 import sys
 
 from swarmlm.sapo.config import SimulateConfig
-from swarmlm.sapo.summary import provenance_line, summary_table
+from swarmlm.sapo.summary import provenance_line, sharing_line, summary_table
 from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 from swarmlm.sapo.warmstart import WarmstartConfig
 
@@ -48,18 +47,14 @@ def swarm_command(config: SwarmConfig) -> int:
     except (RuntimeError, ImportError) as err:
         print(f"swarmlm sapo swarm: {err}", file=sys.stderr)
         return 1
-    print(json.dumps({
-        "wall_seconds": summary["wall_seconds"],
-        "total_cumulative_reward_own": round(summary["total_cumulative_reward_own"], 3),
-        "rounds": {n: s["rounds"] for n, s in summary["swarm"].items()},
-        "records_accepted": summary["records_accepted"],
-        "records_dropped": summary["records_dropped"],
-        "drops": summary["drops"],
-        "transport_fraction": summary["transport_fraction"],
-        "transport_wait_fraction": summary["transport_wait_fraction"],
-        "transport_io_fraction": summary["transport_io_fraction"],
-        "exit_codes": summary["exit_codes"],
-    }, indent=1))
+    state = "" if summary["completed"] else " (not completed: the same command resumes)"
+    print(f"\nSAPO swarm, {config.nodes} node process(es), {config.rounds} rounds, {summary['wall_seconds']:.0f} s{state}:\n")
+    print(summary_table(summary))
+    print(sharing_line(summary))
+    failed = {name: code for name, code in summary["exit_codes"].items() if code != 0}
+    if failed:
+        print("exit codes: " + ", ".join(f"{name} {code}" for name, code in failed.items()))
+    print(provenance_line(summary))
     print(f"metrics: {config.out}/node-*/metrics.jsonl, logs: {config.out}/node-*/node.log, summary: {config.out}/summary.json")
     return 0 if summary["completed"] else 1
 

@@ -93,10 +93,25 @@ def summary_table(summary: dict[str, Any]) -> str:
         rows.append(f"| {name} | {_fmt(start)} | {_fmt(end)} | {'—' if change is None else f'{change:+.3f}'} | "
                     f"{node['cumulative_reward_own']:.2f} | {_fmt(node.get('final_format_rate'), 2)} / "
                     f"{_fmt(node.get('min_format_rate'), 2)} |")
-    if starts:
+    if starts and len(summary["nodes"]) > 1:  # the mean over nodes (a lone node's row is its own)
         s, e = sum(starts) / len(starts), sum(ends) / len(ends)
         rows.append(f"| mean | {s:.3f} | {e:.3f} | {e - s:+.3f} | {summary['total_cumulative_reward_own'] / len(summary['nodes']):.2f} | |")
     return "\n".join(rows)
+
+
+def sharing_line(summary: dict[str, Any]) -> str:
+    """One line: the records a swarm's nodes accepted and dropped (by reason, most first), and the transport's
+    share of the round time (waiting for peers, and the DHT's own work)."""
+    drops = sorted((summary.get("drops") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    reasons = f" ({', '.join(f'{reason} {n}' for reason, n in drops)})" if drops else ""
+    line = f"records: {summary.get('records_accepted', 0)} accepted, {summary.get('records_dropped', 0)} dropped{reasons}"
+    share = summary.get("transport_fraction")
+    if share is not None:
+        parts = [f"{label} {summary[key]:.1%}" for label, key in (("waiting", "transport_wait_fraction"),
+                                                                   ("DHT work", "transport_io_fraction"))
+                 if summary.get(key) is not None]
+        line += f"; transport {share:.1%} of round time" + (f" ({', '.join(parts)})" if parts else "")
+    return line
 
 
 def provenance(initial_model: str) -> dict[str, Any]:

@@ -375,8 +375,9 @@ def test_swarm_command_runs_nodes_and_summarises(tmp_path):
     tiny = [a for a in TINY if a not in ("--progress", "false")]
     rounds = tiny.index("--rounds")
     tiny[rounds + 1] = "4"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     res = subprocess.run([sys.executable, "-m", "swarmlm", "--log-level", "WARNING", "sapo", "swarm", "--nodes", "2",
+                          "--threads-per-node", "1",
                           "--out", str(out), "--model.warmstart", "never", "--node-models", "[tiny-qwen2, tiny-llama]",
                           "--swarm.run", f"cmd-{uuid.uuid4().hex[:8]}", *tiny,
                           # each node's first step waits for the other: node 1 starts some seconds after node 0, who
@@ -394,6 +395,13 @@ def test_swarm_command_runs_nodes_and_summarises(tmp_path):
         assert summary["swarm"][f"node-{k}"]["records_accepted"] > 0
         assert sources(rows, "accepted_sources") == {ids[1 - k]}
     assert summary["records_accepted"] > 0 and 0 < summary["transport_fraction"] < 1
+    # a mixed swarm's provenance: this machine, and each model's start
+    assert summary["environment"]["cpu"] and set(summary["initial_models"]) == {"tiny-qwen2", "tiny-llama"}
+    assert summary["environment"]["torch_threads"] == 1  # the nodes' (--threads-per-node), not the launcher's (all cores)
+    # the human summary: a row per node, the records and the transport, the machine
+    for text in ("| node-0 |", "| node-1 |", "| mean |", f"records: {summary['records_accepted']} accepted",
+                 "of round time", "machine: "):
+        assert text in res.stdout, (text, res.stdout[-2000:])
     assert "name: tiny-llama" in (out / "node-1" / "node.yaml").read_text()
     # what the README says each node writes (this test is the `sapo swarm` case of tests/test_cli_smoke.py)
     for k in range(2):

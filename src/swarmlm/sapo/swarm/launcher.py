@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from swarmlm.config import dump_config
+from swarmlm.runtime.environment import describe_environment
 from swarmlm.runtime.interrupts import graceful_interrupt
-from swarmlm.sapo.summary import node_dir, run_summary, write_summary
+from swarmlm.sapo.summary import node_dir, provenance, run_summary, write_summary
 from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
+from swarmlm.sapo.warmstart import warmstart_info
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +155,9 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     dump_config(config, out / "config.yaml")
     started = time.time()
     configs = node_configs(config)
-    for model in {c.model.name for c in configs}:  # warm up each model once here, not N times in parallel
-        initial_model_path(next(c for c in configs if c.model.name == model), progress=progress)
+    initials = {}  # each model's initial weights, warmed up once here, not N times in parallel
+    for model in sorted({c.model.name for c in configs}):
+        initials[model] = initial_model_path(next(c for c in configs if c.model.name == model), progress=progress)
     env = dict(os.environ)
     threads = config.threads_per_node or max(1, (os.cpu_count() or 1) // config.nodes)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -232,5 +235,12 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
         completed=not interrupted and all(code == 0 for code in codes.values()),
     )
+    # where the numbers come from, as in simulate; a mixed swarm's models each get theirs under initial_models
+    if len(initials) == 1:
+        summary.update(provenance(next(iter(initials.values()))))
+    else:
+        summary.update(environment=describe_environment(), initial_models={
+            m: {"initial_model": path, "warmstart": warmstart_info(path)} for m, path in initials.items()})
+    summary["environment"]["torch_threads"] = int(env["OMP_NUM_THREADS"])  # each node's, not this launcher's
     write_summary(out, summary)
     return summary

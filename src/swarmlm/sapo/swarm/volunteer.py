@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
 from swarmlm.runtime.metrics import read_jsonl
-from swarmlm.sapo.summary import node_totals, provenance, provenance_line
+from swarmlm.sapo.summary import node_totals, provenance, provenance_line, sharing_line, summary_table
 from swarmlm.sapo.swarm.config import SwarmNodeConfig
 
 log = logging.getLogger(__name__)
@@ -135,10 +134,12 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
 
 def print_volunteer_summary(summary: dict[str, Any], out: str) -> int:
     """Print the node's totals and where its files are; the command's exit code (130: stopped early)."""
-    keep = ("node_id", "rounds", "cumulative_reward_own", "final_eval_pass1", "records_accepted", "records_dropped",
-            "drops", "peers_seen", "transport_fraction", "transport_wait_fraction", "transport_io_fraction", "completed",
-            "wall_seconds")
-    print(json.dumps({k: summary.get(k) for k in keep}, indent=1), file=sys.stdout)
+    state = "" if summary.get("completed") else " (stopped early: the same command resumes)"
+    print(f"\nSAPO node {summary.get('node_id')}, {summary.get('rounds')} round(s), {summary.get('peers_seen', 0)} peer(s) "
+          f"seen, {summary.get('wall_seconds', 0):.0f} s{state}:\n")
+    print(summary_table({"nodes": {summary.get("node_id") or "this node": summary},
+                         "total_cumulative_reward_own": summary["cumulative_reward_own"]}))
+    print(sharing_line(summary))
     print(provenance_line(summary))
     print(f"metrics: {out}/metrics.jsonl, summary: {out}/summary.json")
     return 0 if summary.get("completed") else 130
