@@ -59,6 +59,9 @@ def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
         assert cum == pytest.approx(sum(r["reward_own"] for r in rows))
         total += cum
     assert summary["total_cumulative_reward_own"] == pytest.approx(total)
+    # the records, added up over nodes: each node accepted the other's two groups a round
+    assert summary["records_accepted"] == nodes * (nodes - 1) * 2 * rounds
+    assert summary["records_dropped"] == 0 and summary["drops"] == {}
     # where the numbers come from: this machine, and the warm start the nodes began from
     assert summary["environment"] == {**describe_environment(), "torch_threads": summary["environment"]["torch_threads"]}
     assert summary["warmstart"] == warmstart_info(summary["initial_model"]) and summary["warmstart"]["config"]["steps"] == 8
@@ -75,6 +78,7 @@ def test_simulate_two_nodes_share_and_log(tmp_path, transport):
     assert res.returncode == 0, res.stderr[-3000:]
     check_run(out, nodes=2, rounds=3, eval_every=2)
     assert f"machine: {cpu_model()}, torch " in res.stdout and "warm start: final loss " in res.stdout
+    assert "| node-1 |" in res.stdout and "records: 12 accepted, 0 dropped\n" in res.stdout  # 2 nodes x 2 groups x 3 rounds
 
 
 @pytest.mark.slow

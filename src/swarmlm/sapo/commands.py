@@ -20,6 +20,8 @@ def simulate_command(config: SimulateConfig) -> int:
         print(f"\nSAPO, {config.nodes} node(s), {config.rounds} rounds, I/J = {config.local}/{config.external}, "
               f"{summary['wall_seconds']:.0f} s{state}:\n")
         print(summary_table(summary))
+        if config.external > 0:
+            print(sharing_line(summary))
         print(provenance_line(summary))
         print(f"\nmetrics: {config.out}/node-*/metrics.jsonl, summary: {config.out}/summary.json")
     return 0 if summary.get("completed", True) else 130

@@ -58,13 +58,21 @@ def node_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_summary(out: str | Path, num_nodes: int, wall_seconds: float | None = None) -> dict[str, Any]:
-    """Every node's totals, the swarm's cumulative own reward and mean final pass@1, read from the nodes' metrics."""
+    """Every node's totals, the swarm's cumulative own reward and mean final pass@1, and the records its nodes
+    accepted and dropped (by reason), read from the nodes' metrics."""
     nodes = {f"node-{k}": node_totals(read_jsonl(node_dir(out, k) / "metrics.jsonl")) for k in range(num_nodes)}
     finals = [n["final_eval_pass1"] for n in nodes.values() if n["final_eval_pass1"] is not None]
+    drops: dict[str, int] = {}
+    for n in nodes.values():
+        for reason, count in n["drops"].items():
+            drops[reason] = drops.get(reason, 0) + count
     summary = {
         "nodes": nodes,
         "total_cumulative_reward_own": sum(n["cumulative_reward_own"] for n in nodes.values()),
         "mean_final_eval_pass1": sum(finals) / len(finals) if finals else None,
+        "records_accepted": sum(n["records_accepted"] for n in nodes.values()),
+        "records_dropped": sum(n["records_dropped"] for n in nodes.values()),
+        "drops": drops,
         "wall_seconds": wall_seconds,
     }
     return summary

@@ -220,16 +220,9 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     round_s = sum((s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
     transport_s = sum((s["transport_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
     wait_s = sum((s["transport_wait_fraction"] or 0) * (s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
-    drops: dict[str, int] = {}
-    for s in per_node.values():
-        for reason, n in s["drops"].items():
-            drops[reason] = drops.get(reason, 0) + n
     summary.update(
         swarm=per_node,
         exit_codes=codes,
-        records_accepted=sum(s["records_accepted"] for s in per_node.values()),
-        records_dropped=sum(s["records_dropped"] for s in per_node.values()),
-        drops=drops,
         transport_fraction=transport_s / round_s if round_s > 0 else None,
         transport_wait_fraction=wait_s / round_s if round_s > 0 else None,
         transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
