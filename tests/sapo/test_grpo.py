@@ -615,7 +615,6 @@ def test_truncated_reward_zero_pays_nothing_for_a_completion_that_does_not_end(t
     assert task._trained_ids(ended) == zero._trained_ids(ended) == ended + [eos]
 
 
-
 def test_permuted_within_groups_keeps_each_groups_advantages_and_moves_them():
     import random
 
