@@ -36,6 +36,8 @@ def test_runs_differ_only_in_the_split():
     assert a.model_dump(exclude={"local", "external", "out"}) == b.model_dump(exclude={"local", "external", "out"})
     assert a.seed == 3 and a.nodes == 3 and a.rounds == 7
     assert run_dir("/tmp/x", "4/4", 3).as_posix().endswith("runs/4-4/seed-3")
+    mixed = run_config(cfg.model_copy(update={"node_models": ["m0", "m1"]}), "4/4", 3)
+    assert [mixed.node_model(k) for k in range(3)] == ["m0", "m1", "m0"] and a.node_model(2) == a.model.name
 
 
 def test_experiment_update_guards_are_defaults_that_a_partial_override_keeps():
@@ -62,7 +64,8 @@ def test_miniature_experiment_writes_tables_and_plots(tmp_path):
     args = [sys.executable, "-m", "swarmlm", "--log-level", "WARNING", "sapo", "experiment",
             "--configurations", "[2/0, 1/1]", "--seeds", "[0, 1]", "--nodes", "2", "--rounds", "3", "--eval-every", "3",
             "--model.warmstart-steps", "8", "--generation.group-size", "4", "--generation.max-new-tokens", "8",
-            "--tasks.eval-size", "4", "--smoothing", "2", "--out", str(out)]
+            "--tasks.eval-size", "4", "--smoothing", "2", "--out", str(out),
+            "--node-models", "[tiny-qwen2, tiny-llama]"]  # a heterogeneous experiment: its by-model table too
     res = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -83,6 +86,12 @@ def test_miniature_experiment_writes_tables_and_plots(tmp_path):
     assert base_ratio is None or base_ratio["mean"] == pytest.approx(1.0)
     table = (out / "results.md").read_text()
     assert "| 2/0 |" in table and "| 1/1 |" in table and "paper" in table
+    assert results["settings"]["node_models"] == ["tiny-qwen2", "tiny-llama"]
+    assert {m: g["nodes"] for m, g in results["by_model"].items()} == {"tiny-qwen2": [0], "tiny-llama": [1]}
+    assert "| `tiny-llama` | 1 | 1/1 |" in table
+    # each node began from its own model: node 1's checkpoints are a Llama
+    model = out / "runs" / "1-1" / "seed-0" / "node-1" / "checkpoints" / "step-000003" / "model" / "config.json"
+    assert json.loads(model.read_text())["model_type"] == "llama"
     for png in ("reward.png", "eval.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # resumable: a second call finds every run finished and only rewrites the report
@@ -102,3 +111,32 @@ def test_eval_curve_starts_at_the_warm_start():
     x, per_seed = eval_series(cfg, runs, "2/0")
     assert x.tolist() == [0, 2]
     assert np.allclose(per_seed, [[0.3, 0.5], [0.3, 0.3]])
+
+
+def test_by_model_gives_each_starting_models_nodes_their_own_figures():
+    from swarmlm.experiments.sapo_sharing_report import _by_model_lines, by_model
+
+    cfg = ExperimentConfig(configurations=["2/0", "1/1"], seeds=[0, 1], rounds=2, nodes=3, out="/tmp/x",
+                           node_models=["strong", "weak"])
+    def node(start, end, rewards):
+        return [{"round": 0, "eval_pass1": start}] + [
+            {"round": r, "reward_own": x, "eval_pass1": end if r == len(rewards) else None} for r, x in enumerate(rewards, 1)]
+    runs = {}
+    for c, lift in (("2/0", 0.0), ("1/1", 0.1)):
+        for s in (0, 1):
+            runs[(c, s)] = [node(0.8, 0.8, [0.9, 0.9]), node(0.2, 0.3 + lift + 0.1 * s, [0.1, 0.3]),
+                            node(0.4, 0.5 + lift, [0.2, 0.2 + s])]
+    out = by_model(cfg, runs)
+    assert {m: g["nodes"] for m, g in out.items()} == {"strong": [0, 2], "weak": [1]}
+    strong, weak = out["strong"]["configurations"], out["weak"]["configurations"]
+    # nodes 0 and 2: start (0.8 + 0.4) / 2; end (0.8 + 0.5) / 2 without sharing, (0.8 + 0.6) / 2 with it
+    assert strong["2/0"]["first_eval_pass1"] == {"mean": pytest.approx(0.6), "ci95": 0.0}
+    assert strong["2/0"]["gain"]["mean"] == pytest.approx(0.05) and strong["1/1"]["gain"]["mean"] == pytest.approx(0.1)
+    # their cumulative own reward, summed over the two nodes: 1.8 + 0.4 (seed 0) and 1.8 + 1.4 (seed 1)
+    assert strong["1/1"]["cumulative_reward_own"]["mean"] == pytest.approx((2.2 + 3.2) / 2)
+    assert strong["1/1"]["cumulative_reward_own"]["ci95"] == pytest.approx(mean_ci([2.2, 3.2])[1])
+    # node 1: the seeds end at 0.3 and 0.4 (+0.1 with sharing); the interval is over the seeds
+    assert weak["2/0"]["gain"]["mean"] == pytest.approx(0.15) and weak["1/1"]["gain"]["mean"] == pytest.approx(0.25)
+    assert weak["1/1"]["final_eval_pass1"]["ci95"] == pytest.approx(mean_ci([0.4, 0.5])[1])
+    lines = _by_model_lines({"by_model": out})
+    assert "| `weak` | 1 | 1/1 | 0.200 ± 0.000 | 0.450 ± 0.635 | +0.250 ± 0.635 | 0.40 ± 0.00 |" in lines

@@ -107,3 +107,23 @@ def test_simulate_resumes_and_ctrl_c_leaves_checkpoint(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     summary = check_run(out, nodes=2, rounds=done[-1] + 2, eval_every=10**9)
     assert summary["completed"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["in_process", "torch"])
+def test_simulate_heterogeneous_nodes_begin_from_their_own_models(tmp_path, transport):
+    """``--node-models``: node k begins from node_models[k % len], each model prepared once, and nodes of two
+    architectures share rollouts as text."""
+    out = tmp_path / "run"
+    res = swarmlm("sapo", "simulate", "--nodes", "3", "--rounds", "2", "--eval-every", "2", "--transport", transport,
+                  "--node-models", "[tiny-qwen2, tiny-llama]", "--model.warmstart", "never", "--out", str(out), *SMALL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["initial_models"] == {m: {"initial_model": m, "warmstart": None} for m in ("tiny-qwen2", "tiny-llama")}
+    assert "initial_model" not in summary and summary["environment"]["cpu"] == cpu_model()
+    for k, model_type in enumerate(("qwen2", "llama", "qwen2")):
+        config = out / f"node-{k}" / "checkpoints" / "step-000002" / "model" / "config.json"
+        assert json.loads(config.read_text())["model_type"] == model_type
+        rows = read_jsonl(out / f"node-{k}" / "metrics.jsonl")
+        assert [r["records_accepted"] for r in rows[1:]] == [4, 4]  # both others' 2 groups, every round
+    assert "| node-2 |" in res.stdout and "records: 24 accepted, 0 dropped\n" in res.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.sapo.config import SimulateConfig

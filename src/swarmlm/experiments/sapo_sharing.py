@@ -23,7 +23,7 @@ from swarmlm.config import dump_config
 from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sapo_sharing_report import write_report
 from swarmlm.runtime.metrics import read_jsonl
-from swarmlm.sapo.config import GRPOSection, SAPOSettings, SimulateConfig
+from swarmlm.sapo.config import GRPOSection, NodeModels, SAPOSettings, SimulateConfig
 from swarmlm.sapo.simulate import run_simulation
 from swarmlm.sapo.summary import node_dir
 
@@ -49,7 +49,7 @@ class ExperimentGRPOSection(GRPOSection):
     # The second guard, truncated importance weights for external completions, became the node's own default.
 
 
-class ExperimentConfig(SAPOSettings):
+class ExperimentConfig(NodeModels, SAPOSettings):
     """The configurations, seeds and swarm size; everything else is shared by every run."""
 
     grpo: ExperimentGRPOSection = Field(default_factory=ExperimentGRPOSection)

@@ -67,10 +67,65 @@ def sharing_table(config, runs: dict[tuple[str, int], list[list[dict[str, Any]]]
     return {"baseline": baseline, "configurations": table}
 
 
+def _ci(values: list[float]) -> dict[str, float | None] | None:
+    return dict(zip(("mean", "ci95"), mean_ci(values))) if values else None
+
+
+def by_model(config, runs: dict[tuple[str, int], list[list[dict[str, Any]]]]) -> dict[str, Any]:
+    """A heterogeneous experiment's figures for the nodes of each starting model (``node_models``): per
+    configuration, their mean held-out pass@1 before any update and at the end, its change, and their cumulative
+    own reward, each the mean over seeds with its 95% interval. So a configuration can be seen to lift the weak
+    nodes and cost the strong ones, or not, where the run's mean would hide it."""
+    groups: dict[str, list[int]] = {}
+    for k in range(config.nodes):
+        groups.setdefault(config.node_model(k), []).append(k)
+    out: dict[str, Any] = {}
+    for model, ks in groups.items():
+        per_config = {}
+        for c in config.configurations:
+            first, final, gain, cum = [], [], [], []
+            for s in config.seeds:
+                totals = [node_totals(runs[(c, s)][k]) for k in ks]
+                pairs = [(t["first_eval_pass1"], t["final_eval_pass1"]) for t in totals]
+                pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+                if pairs:
+                    first.append(sum(a for a, _ in pairs) / len(pairs))
+                    final.append(sum(b for _, b in pairs) / len(pairs))
+                    gain.append(final[-1] - first[-1])
+                cum.append(sum(t["cumulative_reward_own"] for t in totals))
+            per_config[c] = {"first_eval_pass1": _ci(first), "final_eval_pass1": _ci(final), "gain": _ci(gain),
+                             "cumulative_reward_own": _ci(cum)}
+        out[model] = {"nodes": ks, "configurations": per_config}
+    return out
+
+
+def _by_model_lines(results: dict[str, Any]) -> list[str]:
+    lines = ["", "By starting model (the nodes that began from each; mean ± 95% CI over seeds):", "",
+             "| model | nodes | I / J | pass@1 before the first update | at the end | change | cumulative own reward |",
+             "|---|---|---|---|---|---|---|"]
+    for model, group in results["by_model"].items():
+        for c, row in group["configurations"].items():
+            def cell(key: str, digits: int) -> str:
+                v = row[key]
+                return _fmt(v["mean"], v["ci95"], digits) if v else "—"
+            change = row["gain"]
+            change_txt = "—" if not change else (f"{change['mean']:+.3f}"
+                                                 + (f" ± {change['ci95']:.3f}" if change["ci95"] is not None else ""))
+            lines.append(f"| `{model}` | {', '.join(map(str, group['nodes']))} | {c} | {cell('first_eval_pass1', 3)} | "
+                         f"{cell('final_eval_pass1', 3)} | {change_txt} | {cell('cumulative_reward_own', 2)} |")
+    return lines
+
+
+def _models(config) -> str:
+    if not config.node_models:
+        return f"model `{config.model.name}`"
+    return "node models " + ", ".join(f"{k}: `{config.node_model(k)}`" for k in range(config.nodes))
+
+
 def write_markdown(config, results: dict[str, Any], path: Path) -> None:
     base = results["baseline"]
     lines = [
-        f"Sharing experiment: {config.nodes} nodes, {config.rounds} rounds, model `{config.model.name}`, "
+        f"Sharing experiment: {config.nodes} nodes, {config.rounds} rounds, {_models(config)}, "
         f"L = {config.generation.group_size}, tasks `{config.tasks.preset if not config.tasks.families else 'custom'}`, "
         f"seeds {', '.join(map(str, config.seeds))} (mean ± 95% CI over seeds).",
         "",
@@ -90,6 +145,8 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
             f"{'—' if c == base else _pct(row['paper_ratio_to_baseline'])} |")
     lines += ["", "Cumulative own reward: the mean reward of each node's own completions, summed over nodes and rounds. "
               "The paper's column is over 8 nodes × 2000 rounds of Qwen2.5-0.5B, so only the ratios compare."]
+    if "by_model" in results:
+        lines += _by_model_lines(results)
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -160,7 +217,10 @@ def plot_eval(config, runs, path: Path) -> None:
 def write_report(config, runs, paper: dict[str, float], wall_seconds: float | None = None) -> dict[str, Any]:
     out = Path(config.out)
     results = sharing_table(config, runs, paper)
+    if config.node_models:
+        results["by_model"] = by_model(config, runs)
     results["settings"] = {"nodes": config.nodes, "rounds": config.rounds, "model": config.model.name,
+                           "node_models": [config.node_model(k) for k in range(config.nodes)],
                            "group_size": config.generation.group_size, "seeds": config.seeds}
     results["wall_seconds"] = wall_seconds
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from swarmlm.config import NamedSection, StrictModel
+from swarmlm.config import NamedSection, StrictModel, parse_list
 from swarmlm.sapo.records import RecordLimits
 from swarmlm.sapo.selection import SelectionPolicy
 from swarmlm.tasks import TaskConfig
@@ -112,7 +112,26 @@ class SAPOConfig(SAPOSettings):
     seed: int = Field(0, ge=0, description="base seed; node k uses its own stream derived from it")
 
 
-class SimulateConfig(SAPOConfig):
+class NodeModels(StrictModel):
+    """The option of the commands that start several nodes: which model each begins from."""
+
+    node_models: list[str] = Field(default_factory=list, description=(
+        "model of node k = node_models[k % len] (a heterogeneous swarm), each a preset, directory, .gguf file or hub "
+        "id, warm-started as model.name would be; empty = model.name for all"))
+
+    _node_models = field_validator("node_models", mode="before")(parse_list)
+
+    def node_model(self, k: int) -> str:
+        """The model node ``k`` begins from."""
+        return self.node_models[k % len(self.node_models)] if self.node_models else self.model.name
+
+
+def with_model(config: SAPOSettings, name: str):
+    """``config`` with ``model.name`` replaced: one node's settings in a heterogeneous run."""
+    return config.model_copy(update={"model": config.model.model_copy(update={"name": name})})
+
+
+class SimulateConfig(NodeModels, SAPOConfig):
     """``swarmlm sapo simulate``: N nodes on this machine."""
 
     nodes: int = Field(4, ge=1, description="number of nodes")

@@ -32,7 +32,7 @@ from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state,
 from swarmlm.runtime.devices import DTYPES, resolve_device
 from swarmlm.runtime.metrics import MetricsWriter
 from swarmlm.sapo.batching import TrainSample, with_eos
-from swarmlm.sapo.config import SAPOConfig
+from swarmlm.sapo.config import SAPOConfig, with_model
 from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
 from swarmlm.sapo.grpo import group_advantages, is_zero_advantage, permuted_within_groups
@@ -78,6 +78,11 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
     ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=m.warmstart_seed,
                          schedule=m.warmstart_schedule)
     return str(warmstart(ws, progress=progress))
+
+
+def initial_model_paths(config: SAPOConfig, names: list[str], progress: bool = True) -> dict[str, str]:
+    """:func:`initial_model_path` of each distinct model in ``names`` (a heterogeneous run's), once each."""
+    return {name: initial_model_path(with_model(config, name), progress=progress) for name in dict.fromkeys(names)}
 
 
 def node_seed(base_seed: int, node_index: int) -> int:

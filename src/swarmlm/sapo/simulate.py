@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
-from swarmlm.sapo.config import SimulateConfig
-from swarmlm.sapo.node import SAPONode, initial_model_path
+from swarmlm.sapo.config import SimulateConfig, with_model
+from swarmlm.sapo.node import SAPONode, initial_model_paths
 from swarmlm.sapo.summary import node_dir, provenance, run_summary, write_summary
 from swarmlm.sapo.transports.in_process import InProcessHub
 from swarmlm.tasks import Verifier
@@ -26,11 +26,17 @@ from swarmlm.tasks import Verifier
 log = logging.getLogger(__name__)
 
 
-def _run_in_process(config: SimulateConfig, initial: str, progress: bool) -> bool:
+def _node(config: SimulateConfig, k: int) -> SimulateConfig:
+    """Node ``k``'s settings: the run's, with its own model in a heterogeneous run."""
+    return with_model(config, config.node_model(k)) if config.node_models else config
+
+
+def _run_in_process(config: SimulateConfig, initials: dict[str, str], progress: bool) -> bool:
     hub = InProcessHub(config.nodes)
     verifier = Verifier(config.tasks)  # the nodes share one task config, so one pool of scoring workers serves them all
     try:
-        nodes = [SAPONode(config, k, hub.endpoint(f"node-{k}"), node_dir(config.out, k), initial, verifier=verifier)
+        nodes = [SAPONode(_node(config, k), k, hub.endpoint(f"node-{k}"), node_dir(config.out, k),
+                          initials[config.node_model(k)], verifier=verifier)
                  for k in range(config.nodes)]
     except BaseException:
         verifier.close()
@@ -62,7 +68,7 @@ def _run_in_process(config: SimulateConfig, initial: str, progress: bool) -> boo
     return completed
 
 
-def torch_worker(config_json: str, initial: str) -> int:
+def torch_worker(config_json: str, initials: dict[str, str]) -> int:
     """Entry point of one rank: one node over :class:`TorchDistributedTransport`."""
     import torch.distributed as dist
 
@@ -73,7 +79,8 @@ def torch_worker(config_json: str, initial: str) -> int:
     rank, world = init_process_group(timeout_s=max(60.0, config.sharing.collect_timeout * 4))
     if world != config.nodes:
         raise RuntimeError(f"world size {world} differs from nodes={config.nodes}")
-    node = SAPONode(config, rank, TorchDistributedTransport(), node_dir(config.out, rank), initial)
+    node = SAPONode(_node(config, rank), rank, TorchDistributedTransport(), node_dir(config.out, rank),
+                    initials[config.node_model(rank)])
     try:
         node.evaluate_start()
         bar = tqdm(range(node.round + 1, config.rounds + 1), desc="sapo rounds", unit="round", disable=rank != 0,
@@ -96,18 +103,18 @@ def run_simulation(config: SimulateConfig, *, progress: bool = True) -> dict[str
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / "config.yaml")
     started = time.time()
-    initial = initial_model_path(config, progress=progress)
+    initials = initial_model_paths(config, [config.node_model(k) for k in range(config.nodes)], progress=progress)
     completed = True
     if config.transport == "in_process":
-        completed = _run_in_process(config, initial, progress)
+        completed = _run_in_process(config, initials, progress)
     elif under_torchrun():
-        torch_worker(config.model_dump_json(), initial)
+        torch_worker(config.model_dump_json(), initials)
         if int(os.environ["RANK"]) != 0:
             return {}
     else:
-        launch_local(config.nodes, torch_worker, config.model_dump_json(), initial)
+        launch_local(config.nodes, torch_worker, config.model_dump_json(), initials)
     summary = run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
     summary["completed"] = completed
-    summary.update(provenance(initial))
+    summary.update(provenance(initials))
     write_summary(out, summary)
     return summary

@@ -122,10 +122,17 @@ def sharing_line(summary: dict[str, Any]) -> str:
     return line
 
 
-def provenance(initial_model: str) -> dict[str, Any]:
+def provenance(initial_model: str | dict[str, str]) -> dict[str, Any]:
     """Where a run's numbers come from: this machine (``environment``), the model the nodes began from and, for a
-    warm start, its ``warmstart.json`` (float32 training gives another warm start on another processor)."""
-    return {"environment": describe_environment(), "initial_model": initial_model, "warmstart": warmstart_info(initial_model)}
+    warm start, its ``warmstart.json`` (float32 training gives another warm start on another processor). A
+    heterogeneous run passes ``{model name: initial weights}`` and gets ``initial_models``, one entry per model."""
+    if isinstance(initial_model, dict) and len(initial_model) == 1:
+        initial_model = next(iter(initial_model.values()))
+    if isinstance(initial_model, str):
+        return {"environment": describe_environment(), "initial_model": initial_model,
+                "warmstart": warmstart_info(initial_model)}
+    return {"environment": describe_environment(), "initial_models": {
+        name: {"initial_model": path, "warmstart": warmstart_info(path)} for name, path in initial_model.items()}}
 
 
 def provenance_line(summary: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import math
 from pydantic import Field, field_validator, model_validator
 
 from swarmlm.config import StrictModel, parse_list
-from swarmlm.sapo.config import SAPOConfig, SharingSection
+from swarmlm.sapo.config import NodeModels, SAPOConfig, SharingSection
 
 
 class SwarmSection(StrictModel):
@@ -80,20 +80,18 @@ class SwarmNodeConfig(SwarmCommon):
     watch_pid: int | None = Field(None, ge=1, description="stop, with a checkpoint, once this process is gone (set by sapo swarm)")
 
 
-class SwarmConfig(SwarmCommon):
+class SwarmConfig(NodeModels, SwarmCommon):
     """``swarmlm sapo swarm``: N node processes on this machine, over loopback, followed by one progress display."""
 
     nodes: int = Field(3, ge=1, description="node processes to start")
     out: str = Field("runs/swarm", description="output directory; node k writes to OUT/node-k")
     host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"], description="where each node listens")
-    node_models: list[str] = Field(default_factory=list, description=(
-        "model of node k = node_models[k % len] (heterogeneous swarm); empty = model.name for all"))
     node_group_sizes: list[int] = Field(default_factory=list, description=(
         "L of node k = node_group_sizes[k % len]; empty = generation.group_size for all"))
     threads_per_node: int = Field(0, ge=0, description="torch threads per node process; 0 = CPU cores / nodes")
     startup_wait: float = Field(300.0, gt=0, description="seconds to wait for the first node to print its address")
 
-    _node_lists = field_validator("node_models", "node_group_sizes", mode="before")(parse_list)
+    _node_lists = field_validator("node_group_sizes", mode="before")(parse_list)
 
     @field_validator("node_group_sizes")
     @classmethod

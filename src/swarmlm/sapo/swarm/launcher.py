@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from swarmlm.config import dump_config
-from swarmlm.runtime.environment import describe_environment
 from swarmlm.runtime.interrupts import graceful_interrupt
 from swarmlm.sapo.summary import node_dir, provenance, run_summary, write_summary
 from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
-from swarmlm.sapo.warmstart import warmstart_info
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +39,7 @@ def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
         data.update(out=str(d), identity=str(d / "identity.key"), node_index=k, progress=False, watch_pid=os.getpid())
         if data["swarm"]["start_peers"] == 0:  # start training together, not one after another
             data["swarm"].update(start_peers=config.nodes - 1, start_wait=config.startup_wait)
-        if config.node_models:
-            data["model"]["name"] = config.node_models[k % len(config.node_models)]
+        data["model"]["name"] = config.node_model(k)
         if config.node_group_sizes:
             data["generation"]["group_size"] = config.node_group_sizes[k % len(config.node_group_sizes)]
         out.append(SwarmNodeConfig.model_validate(data))
@@ -146,7 +143,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     """Start the nodes, follow them to the end, and summarise the run."""
     from tqdm.auto import tqdm
 
-    from swarmlm.sapo.node import initial_model_path
+    from swarmlm.sapo.node import initial_model_paths
     from swarmlm.sapo.transports.hivemind import require_hivemind
 
     require_hivemind()
@@ -155,9 +152,8 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     dump_config(config, out / "config.yaml")
     started = time.time()
     configs = node_configs(config)
-    initials = {}  # each model's initial weights, warmed up once here, not N times in parallel
-    for model in sorted({c.model.name for c in configs}):
-        initials[model] = initial_model_path(next(c for c in configs if c.model.name == model), progress=progress)
+    # each model's initial weights, warmed up once here, not N times in parallel
+    initials = initial_model_paths(config, [c.model.name for c in configs], progress=progress)
     env = dict(os.environ)
     threads = config.threads_per_node or max(1, (os.cpu_count() or 1) // config.nodes)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -228,12 +224,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
         completed=not interrupted and all(code == 0 for code in codes.values()),
     )
-    # where the numbers come from, as in simulate; a mixed swarm's models each get theirs under initial_models
-    if len(initials) == 1:
-        summary.update(provenance(next(iter(initials.values()))))
-    else:
-        summary.update(environment=describe_environment(), initial_models={
-            m: {"initial_model": path, "warmstart": warmstart_info(path)} for m, path in initials.items()})
+    summary.update(provenance(initials))  # as in simulate; a mixed swarm's models each get theirs
     summary["environment"]["torch_threads"] = int(env["OMP_NUM_THREADS"])  # each node's, not this launcher's
     write_summary(out, summary)
     return summary
