@@ -15,6 +15,11 @@ start (trained now, or taken from the cache or ``--model``) this reports, per fa
 * ``signal``: the share of those groups with both a right and a wrong answer;
 * ``format``: the share of samples with an ``<answer>…</answer>`` span, and ``unformatted``: the samples without
   one, counted per family, with the first few as written (what a loss of the format looks like);
+* ``successes``: how many of the ``--groups`` questions have k right samples of ``--group-size``, for each k, and
+  ``near_miss`` / ``fragile``: the share of them answered wrong greedily with at least 2 right samples (the right
+  answer within the policy's reach, where sharpening alone can make it the greedy one) / answered right greedily
+  with fewer than half the samples right (where it can be lost). Two warm starts with the same pass@1 can leave RL
+  different amounts of each;
 * ``warmstart_seconds``: the time the warm start took when it was trained by this call (null when cached);
 * ``environment``: the machine and library versions of this call (a warm start's float32 training differs by
   processor, so its figures are tied to the machine).
@@ -60,13 +65,20 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
         sampled = engine.generate(prompts[:groups], num_completions=group_size, max_new_tokens=max_new_tokens,
                                   temperature=1.0)
     per_family: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    greedy_right = []
     for q, (score,) in zip(questions, scores_of(questions, [gen.texts[:1] for gen in greedy])):
-        per_family[q.family]["greedy"].append(float(score >= 1 - 1e-9))
+        greedy_right.append(score >= 1 - 1e-9)
+        per_family[q.family]["greedy"].append(float(greedy_right[-1]))
     formats = []
     unformatted: dict[str, int] = defaultdict(int)
     examples: list[str] = []
-    for q, gen, scores in zip(questions, sampled, scores_of(questions[:groups], [gen.texts for gen in sampled])):
+    successes = [0] * (group_size + 1)
+    near_miss, fragile = [], []
+    for i, (q, gen, scores) in enumerate(zip(questions, sampled, scores_of(questions[:groups], [gen.texts for gen in sampled]))):
         hits = [s >= 1 - 1e-9 for s in scores]
+        successes[sum(hits)] += 1
+        near_miss.append(float(not greedy_right[i] and sum(hits) >= 2))
+        fragile.append(float(greedy_right[i] and 2 * sum(hits) < len(hits)))
         per_family[q.family]["sampled"].append(sum(hits) / len(hits))
         per_family[q.family]["signal"].append(float(0 < sum(hits) < len(hits)))
         for text in gen.texts:
@@ -84,6 +96,7 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
 
     return {"greedy": overall("greedy"), "sampled": overall("sampled"), "signal": overall("signal"),
             "format": mean([float(f) for f in formats]),
+            "successes": successes, "near_miss": mean(near_miss), "fragile": mean(fragile),
             # the samples without an answer span: how many per family, and the first few as written
             "unformatted": {"count": sum(unformatted.values()), "by_family": dict(sorted(unformatted.items())),
                             "examples": examples},

@@ -229,6 +229,12 @@ def test_warmstart_quality_trains_and_reports(tmp_path):
         if fam.get("sampled") in (0.0, 1.0):
             assert fam["signal"] == 0.0
     assert set(report["per_family"]) <= {"chain_sum", "basic_arithmetic", "products"}
+    # k right samples of 3, for each k, over the 3 groups: they give back the sampled success and signal shares
+    successes = report["successes"]
+    assert len(successes) == 4 and sum(successes) == 3
+    assert sum(k * n for k, n in enumerate(successes)) / 9 == pytest.approx(report["sampled"], abs=1e-3)
+    assert (successes[1] + successes[2]) / 3 == pytest.approx(report["signal"], abs=1e-3)
+    assert report["near_miss"] <= (successes[2] + successes[3]) / 3 + 1e-3 and 0.0 <= report["fragile"] <= 1.0
     # the samples without an answer span, counted and shown: as many as the format share leaves out
     bad = report["unformatted"]
     assert bad["count"] == sum(bad["by_family"].values()) == round((1 - report["format"]) * 3 * 3)
