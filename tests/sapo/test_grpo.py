@@ -483,17 +483,21 @@ def test_node_update_truncated_external_weights(tmp_path):
     samples = _update_samples(node.tokenizer.eos_token_id)
     for s in samples[4:]:
         s.external = True
-    node.update(samples)
+    stats = node.update(samples)
     assert all(s.weight == 1.0 for s in samples[:4])
     ext = [s.weight for s in samples[4:]]
     assert all(0.0 < w <= 1.0 for w in ext) and min(ext) < 1.0
+    # the round's metric: the mean weight of the external samples that trained (non-zero advantage)
+    trained = [s.weight for s in samples[4:] if s.advantage != 0.0]
+    assert trained and stats["external_weight"] == pytest.approx(sum(trained) / len(trained))
     # none, the reference behaviour: external samples count fully
     plain = _node(tmp_path, "plain", lr=1e-3, external_weight="none")
     samples = _update_samples(plain.tokenizer.eos_token_id)
     for s in samples[4:]:
         s.external = True
-    plain.update(samples)
+    assert plain.update(samples)["external_weight"] == 1.0
     assert all(s.weight == 1.0 for s in samples)
+    assert "external_weight" not in plain.update(_update_samples(plain.tokenizer.eos_token_id))  # none external
 
 
 def test_node_update_gradient_does_not_depend_on_micro_batch_size(tmp_path):

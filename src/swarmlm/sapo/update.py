@@ -73,7 +73,8 @@ class GRPOUpdate:
     def update(self, samples: list[TrainSample], rng: random.Random) -> dict[str, float]:
         """``ppo_epochs`` × ``num_minibatches`` optimizer steps on ``samples``, in an order drawn from ``rng``;
         returns the loss, the clipped fraction, the gradient norm, the mean −log p of the trained samples' tokens
-        (an entropy estimate), the share of samples that trained (non-zero advantage) and the KL where ``beta`` > 0."""
+        (an entropy estimate), the share of samples that trained (non-zero advantage), the KL where ``beta`` > 0 and
+        the mean weight of the external samples that trained, where some did."""
         cfg = self.section
         if not samples:
             return {"loss": None}
@@ -149,5 +150,8 @@ class GRPOUpdate:
                "trained_samples": sum(trains) / len(samples)}
         if kls:
             out["kl"] = token_mean(kls)
+        external = [s.weight for s, t in zip(samples, trains) if s.external and t]
+        if external:  # how much the external completions that trained counted (1 each without truncated weights)
+            out["external_weight"] = sum(external) / len(external)
         return out
 
