@@ -5,11 +5,12 @@
     python benchmarks/sapo_soak.py --nodes 2               # two nodes in this process, sharing rollouts (J = I)
 
 Every round (generation, scoring, publishing, the update, and, on their schedule, evaluation, metrics with
-TensorBoard, checkpoints) the process's current RSS (``/proc/self/status`` VmRSS) and peak RSS
-(``resource.getrusage``) are recorded, with the number of Python objects the garbage collector tracks. After the
-warm-up rounds memory must stay flat: the run fails (exit status 1) when the peak RSS grows by more than
-``--allowance-mb`` after warm-up, or when the current RSS drifts up by more than that (median of the last tenth
-of the rounds against the first tenth after warm-up, and the least-squares trend over the whole stretch).
+TensorBoard, checkpoints) the process's current RSS (``/proc/self/status`` VmRSS, read after collecting garbage
+and trimming the heap: ``settle``) and peak RSS (``resource.getrusage``) are recorded, with the number of Python
+objects the garbage collector tracks. After the warm-up rounds memory must stay flat: the run fails (exit status
+1) when the peak RSS grows by more than ``--allowance-mb`` after warm-up, or when the current RSS drifts up by
+more than that (median of the last tenth of the rounds against the first tenth after warm-up, and the
+least-squares trend over the whole stretch).
 
 Writes ``rss.csv`` (one row per round), ``soak.json`` (settings, verdict, series) and ``rss.png`` to ``--out``.
 """
@@ -50,6 +51,19 @@ def current_rss_bytes() -> int:
         return psutil.Process().memory_info().rss
     except ImportError:
         return peak_rss_bytes()
+
+
+def settle() -> None:
+    """Free what is garbage before a reading: collect reference cycles and hand the heap's free pages back to the
+    kernel (glibc's ``malloc_trim``). Otherwise memory freed late, such as what earlier work in the process left
+    for the collector, lowers the readings of later rounds and can hide a real leak."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def peak_rss_bytes() -> int:
@@ -150,6 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 played = [(n, n.play(t)) for n in nodes]
                 for n, own in played:
                     n.learn(own, t0)
+            settle()
             rss = current_rss_bytes()  # the kernel's peak can lag the current reading a little: keep the larger
             rows.append({"round": t, "rss_mb": rss / MB, "peak_rss_mb": max(rss, peak_rss_bytes()) / MB,
                          "python_objects": len(gc.get_objects()), "round_s": time.perf_counter() - t0})

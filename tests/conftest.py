@@ -24,14 +24,20 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
-    """Warm starts and other cached artefacts go to a per-session directory, never the user's cache.
+    """Warm starts and other cached artefacts go to a directory of this test run, never the user's cache.
 
     An explicit ``SWARMLM_CACHE`` in the environment is kept (to reuse a warm start across sessions).
     """
     if os.environ.get("SWARMLM_CACHE"):
         yield os.environ["SWARMLM_CACHE"]
         return
-    path = tmp_path_factory.mktemp("swarmlm-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # the workers of one run share it (a warm start or a GGUF is built once, under its lock, for all of them):
+        # the parent of a worker's base directory is this run's own
+        path = tmp_path_factory.getbasetemp().parent / "swarmlm-cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("swarmlm-cache")
     os.environ["SWARMLM_CACHE"] = str(path)
     yield path
     os.environ.pop("SWARMLM_CACHE", None)
