@@ -45,7 +45,8 @@ class GRPOSection(StrictModel):
     """The policy update: GRPO (DeepSeekMath, arXiv 2402.03300) with DAPO's clip-higher and token-level loss
     (arXiv 2503.14476); see :mod:`swarmlm.sapo.grpo`."""
 
-    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 1e-4 for presets, 1e-5 otherwise")
+    lr: float | None = Field(None, gt=0, description="Adam learning rate; None = 1e-4 for presets and directories "
+                             "holding their warm starts, 1e-5 otherwise")
     warmup_rounds: int = Field(20, ge=0, description="linear learning-rate warm-up: round r (1-based) steps at "
                                "lr * min(1, r / warmup_rounds); 0 = none. Adam's first steps move every weight by "
                                "about lr whatever the gradient's size, which a noisy small-batch gradient turns into drift")

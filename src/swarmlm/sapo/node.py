@@ -41,7 +41,7 @@ from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
-from swarmlm.sapo.warmstart import WarmstartConfig, warmstart
+from swarmlm.sapo.warmstart import WarmstartConfig, warmstart, warmstart_info
 from swarmlm.tasks import Question, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
 
 FULL_MARKS = 1.0 - 1e-9
@@ -55,6 +55,19 @@ log = logging.getLogger(__name__)
 
 PRESET_LR = 1e-4  # measured on the warm-started tiny-qwen2: at 2e-4 a lone node lost the answer format (README)
 PRETRAINED_LR = 1e-5  # measured on SmolLM2-135M: held-out pass@1 rose at 1e-5, barely at 1e-6 (docs/results/smollm2_lr.json)
+
+
+def default_lr(model_name: str) -> float:
+    """The learning rate a node takes without ``--grpo.lr``: the preset's for a preset and for a directory holding a
+    preset's warm start (``warmstart.json``: the same weights, whatever they are called), the pretrained models'
+    otherwise."""
+    if model_name in PRESETS:
+        return PRESET_LR
+    info = warmstart_info(model_name)
+    settings = info.get("config") if isinstance(info, dict) else None
+    if isinstance(settings, dict) and settings.get("model") in PRESETS:
+        return PRESET_LR
+    return PRETRAINED_LR
 
 
 def round_lr(lr: float, round: int, warmup_rounds: int, *, schedule: str = "constant", rounds: int = 0) -> float:
@@ -129,7 +142,7 @@ class SAPONode:
         self.tokenizer = loaded.tokenizer
         # what peers see in the records' ``model`` field: a short name, never a long local path
         self.model_name = Path(config.model.name.rstrip("/")).name[-64:] or "model"
-        self.lr = config.grpo.lr or (PRESET_LR if config.model.name in PRESETS else PRETRAINED_LR)
+        self.lr = config.grpo.lr or default_lr(config.model.name)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr)
         self.ref_model = None
         if config.grpo.beta > 0:
