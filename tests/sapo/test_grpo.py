@@ -619,6 +619,22 @@ def test_truncated_reward_zero_pays_nothing_for_a_completion_that_does_not_end(t
     assert task._trained_ids(ended) == zero._trained_ids(ended) == ended + [eos]
 
 
+def test_default_format_bonus_gives_an_all_wrong_group_a_push_away_from_malformed_replies(tmp_path):
+    """By default (--grpo.format-reward 0.1) a group whose replies are all wrong still has an advantage where some
+    lost the format: the well-formed ones rise and the malformed ones fall. Without the bonus (0, the paper's
+    reward) the same group has none, however many lost the format."""
+    texts = ["<answer>3</answer>", "<answer>wer>", "<answer>5</answer>", "<an"]
+    scores, lengths = [0.0] * 4, [18, 12, 18, 3]
+    node = _node(tmp_path, "default")
+    assert node.config.grpo.format_reward == pytest.approx(0.1)
+    rewards = node._training_rewards(texts, scores, lengths)
+    assert rewards == pytest.approx([0.1, 0.0, 0.1, 0.0])
+    adv = group_advantages(torch.tensor([rewards], dtype=torch.float64))[0].tolist()
+    assert adv[0] == adv[2] > 0 > adv[1] == adv[3]
+    off = _node(tmp_path, "off", format_reward=0.0)._training_rewards(texts, scores, lengths)
+    assert group_advantages(torch.tensor([off], dtype=torch.float64))[0].tolist() == [0.0] * 4
+
+
 def test_permuted_within_groups_keeps_each_groups_advantages_and_moves_them():
     import random
 

@@ -23,7 +23,7 @@ from swarmlm.config import dump_config
 from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sapo_sharing_report import write_report
 from swarmlm.runtime.metrics import read_jsonl
-from swarmlm.sapo.config import GRPOSection, NodeModels, SAPOSettings, SimulateConfig
+from swarmlm.sapo.config import NodeModels, SAPOSettings, SimulateConfig
 from swarmlm.sapo.simulate import run_simulation
 from swarmlm.sapo.summary import node_dir
 
@@ -34,25 +34,8 @@ log = logging.getLogger(__name__)
 PAPER_RESULTS = {"8/0": 561.79, "6/2": 854.43, "4/4": 1093.31, "2/6": 945.87}
 
 
-class ExperimentGRPOSection(GRPOSection):
-    """The update of every run of the experiment: the node's, with two guards against collapse.
-
-    Measured at the default scale (README, "Reproducing the SAPO result"): with the node's own defaults 5 of 36
-    sharing nodes lost the answer format within 100 rounds, and none of the 8/0 nodes did. A small format bonus
-    and truncated importance weights for external completions stopped it within 100 rounds (over 250, one 4/4
-    node still lost it: they delay the collapse). Both apply to every configuration
-    alike (with J = 0 the weights have nothing to act on). The weights are now the node's default as well.
-    """
-
-    format_reward: float = Field(0.1, ge=0, description="bonus added to the training reward of completions with an "
-                                 "<answer>…</answer> span; never part of reward_own (the node's default is 0)")
-    # The second guard, truncated importance weights for external completions, became the node's own default.
-
-
 class ExperimentConfig(NodeModels, SAPOSettings):
     """The configurations, seeds and swarm size; everything else is shared by every run."""
-
-    grpo: ExperimentGRPOSection = Field(default_factory=ExperimentGRPOSection)
 
     configurations: list[str] = Field(["8/0", "6/2", "4/4", "2/6"], description="I/J splits to compare; the first is the baseline")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="repeats of every configuration")

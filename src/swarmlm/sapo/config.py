@@ -64,8 +64,9 @@ class GRPOSection(StrictModel):
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (memory only)")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the gradient's global norm to this before each "
                                  "optimizer step")
-    format_reward: float = Field(0.0, ge=0, description="bonus added to the training reward of completions with an "
-                                 "<answer>…</answer> span (0 = off, as in the paper); never part of reward_own")
+    format_reward: float = Field(0.1, ge=0, description="bonus added to the training reward of completions with an "
+                                 "<answer>…</answer> span, never part of reward_own; 0 = off, as in the paper. Without "
+                                 "it a group whose replies are all wrong has no advantage, however many lost the format")
     external_weight: ExternalWeight = Field(
         "truncated", description="importance weight for external completions: truncated = min(1, their likelihood "
         "under this node relative to its own completions'), or none (the reference behaviour; with it a sharing "
