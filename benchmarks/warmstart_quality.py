@@ -14,7 +14,9 @@ start (trained now, or taken from the cache or ``--model``) this reports, per fa
 * ``sampled``: the share of ``--group-size`` samples at temperature 1 that are right, on ``--groups`` of them;
 * ``signal``: the share of those groups with both a right and a wrong answer;
 * ``format``: the share of samples with an ``<answer>…</answer>`` span, and ``unformatted``: the samples without
-  one, counted per family, with the first few as written (what a loss of the format looks like);
+  one, counted per family, with the first few as written (what a loss of the format looks like) and the questions
+  for which at least half the samples lost it (``questions``: a question a policy answers malformed every time
+  gives GRPO a group of equal rewards, which no group-relative reward can correct);
 * ``successes``: how many of the ``--groups`` questions have k right samples of ``--group-size``, for each k, and
   ``near_miss`` / ``fragile``: the share of them answered wrong greedily with at least 2 right samples (the right
   answer within the policy's reach, where sharpening alone can make it the greedy one) / answered right greedily
@@ -72,6 +74,7 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
     formats = []
     unformatted: dict[str, int] = defaultdict(int)
     examples: list[str] = []
+    lost_questions: list[dict] = []  # the questions for which at least half the samples have no answer span
     successes = [0] * (group_size + 1)
     near_miss, fragile = [], []
     for i, (q, gen, scores) in enumerate(zip(questions, sampled, scores_of(questions[:groups], [gen.texts for gen in sampled]))):
@@ -87,6 +90,9 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
                 unformatted[q.family] += 1
                 if len(examples) < MAX_EXAMPLES:
                     examples.append(text)
+        lost = sum(extract_answer(text) is None for text in gen.texts)
+        if 2 * lost >= len(gen.texts) and len(lost_questions) < MAX_EXAMPLES:
+            lost_questions.append({"family": q.family, "question": q.question, "unformatted": lost, "right": sum(hits)})
 
     def mean(values: list[float]) -> float | None:
         return round(sum(values) / len(values), 3) if values else None
@@ -99,7 +105,7 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
             "successes": successes, "near_miss": mean(near_miss), "fragile": mean(fragile),
             # the samples without an answer span: how many per family, and the first few as written
             "unformatted": {"count": sum(unformatted.values()), "by_family": dict(sorted(unformatted.items())),
-                            "examples": examples},
+                            "examples": examples, "questions": lost_questions},
             "per_family": {name: {k: mean(v) for k, v in fam.items()} for name, fam in sorted(per_family.items())},
             "eval_size": len(questions), "groups": min(groups, len(questions)), "group_size": group_size}
 

@@ -241,3 +241,8 @@ def test_warmstart_quality_trains_and_reports(tmp_path):
     assert set(bad["by_family"]) <= set(report["per_family"])
     assert len(bad["examples"]) == min(bad["count"], 20)
     assert all(extract_answer(t) is None for t in bad["examples"])
+    # the questions for which at least half the samples lost the format: each with its count, none counted twice
+    assert all(2 <= g["unformatted"] <= 3 and g["family"] in report["per_family"] and g["question"] for g in bad["questions"])
+    listed = sum(g["unformatted"] for g in bad["questions"])
+    # every group left out lost at most 1 of its 3 samples
+    assert listed <= bad["count"] <= listed + (3 - len(bad["questions"]))
