@@ -372,3 +372,68 @@ def test_the_swarm_survives_its_bootstrap_peer_leaving(tmp_path):
     finally:
         for t in joined.values():
             t.close()
+
+
+
+
+_DHT_COROUTINES = """
+import socket, sys, time
+from functools import partial
+from swarmlm.sapo.transports.hivemind.dht_process import dht_class, rejoin
+
+async def fail(_dht, _node):
+    raise ValueError("a coroutine that fails")
+
+async def orphan(_dht, _node):
+    import asyncio
+    await asyncio.get_running_loop().create_future()  # what a ping waits on once the p2p layer drops its connection
+
+async def collect_garbage(_dht, _node):
+    import gc
+    return gc.collect()
+
+silent = socket.socket()  # a peer that accepts connections and never answers
+silent.bind(("127.0.0.1", 0))
+silent.listen(8)
+dht = dht_class()(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+try:
+    try:
+        dht.run_coroutine(fail)
+    except ValueError as err:
+        print("handed on:", err, flush=True)
+    time.sleep(0.5)
+    print("--- from here on, nothing fails", file=sys.stderr, flush=True)
+    waiting = dht.run_coroutine(orphan, return_future=True)
+    time.sleep(0.5)
+    dht.run_coroutine(collect_garbage)
+    time.sleep(0.5)
+    print("orphan still waiting:", not waiting.done(), flush=True)
+    peer = "QmTtFWmxBf9nQDRA4xpcuHVyFNkHdGMrLkA48mu3n2Gkag"
+    started = time.monotonic()
+    address = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}"
+    answered = dht.run_coroutine(partial(rejoin, peers={peer: [address]}, timeout=1.0))
+    print(f"rejoin: {answered} answered in {time.monotonic() - started:.1f} s", flush=True)
+finally:
+    dht.shutdown()
+time.sleep(0.5)
+"""
+
+
+def test_dht_coroutines_end_within_their_bounds_and_fail_loudly_only_when_they_fail():
+    """The coroutines a node runs in its DHT process: one that fails is logged and its error handed to the node;
+    one left waiting on a future nothing else holds (a ping whose connection the p2p layer dropped) is not
+    garbage-collected mid-flight into an error and a traceback in the node's log, nor does the shutdown under it
+    log one (hivemind keeps no reference to them); and a rejoin whose peer accepts a connection and never answers
+    ends within its timeout."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _DHT_COROUTINES], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3] / "src")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "handed on: a coroutine that fails" in done.stdout and "orphan still waiting: True" in done.stdout
+    failed, _, rest = done.stderr.partition("--- from here on, nothing fails")
+    assert "Caught an exception when running a coroutine" in failed and "ValueError: a coroutine that fails" in failed
+    assert rest and "Traceback" not in rest and "destroyed but it is pending" not in rest, rest[-3000:]
+    answered, seconds = done.stdout.split("rejoin: ")[1].split(" answered in ")
+    assert int(answered) == 0 and float(seconds.split()[0]) < 5.0, done.stdout

@@ -12,6 +12,7 @@ from pathlib import Path
 from swarmlm.sapo.transports.hivemind.validators import set_trusted, take_refusals
 
 _DHT_CLASS: list[type] = []
+_RUNNING: set = set()  # the coroutines running in this DHT process (see _OwnedDHT._run_coroutine)
 
 
 def _kill_children_and_exit() -> None:
@@ -52,18 +53,46 @@ class _BlockingReceiver:
         return getattr(self._connection, name)
 
 
+def _log_coroutine_error() -> None:
+    from hivemind.utils import get_logger
+
+    get_logger("hivemind.dht.dht").exception("Caught an exception when running a coroutine:")
+
+
 def dht_class():
     """hivemind's DHT process, which also exits (with its p2p daemon) when the node process dies, and
     which can receive commands of any size (see :class:`_BlockingReceiver`).
 
     hivemind runs the DHT in a daemonic child process, but a SIGKILLed parent never reaps it: the
-    orphan would keep the node's peer id alive, and the restarted node would find its identity taken.
+    orphan would keep the node's peer id alive, and the restarted node would find its identity taken. The
+    coroutines the node runs in it are held until they end, and one that the shutdown interrupts ends quietly
+    (``_run_coroutine``).
     """
     if _DHT_CLASS:
         return _DHT_CLASS[0]
     from hivemind import DHT
 
     class _OwnedDHT(DHT):
+        async def _run_coroutine(self, coro, future) -> None:
+            """hivemind's, with two changes. The task is held while it runs: hivemind keeps no reference to it, so
+            a coroutine waiting on a future that nothing else holds (a ping whose connection the p2p layer
+            dropped) was garbage-collected mid-flight, and logged as an error with a traceback. And a coroutine
+            destroyed while pending (the DHT is shutting down under it) ends quietly: nobody waits for it. Any
+            other exception is logged and handed to the caller, as before."""
+            import asyncio
+
+            task = asyncio.current_task()
+            _RUNNING.add(task)
+            try:
+                future.set_result(await coro(self, self._node))
+            except (GeneratorExit, asyncio.CancelledError):
+                raise
+            except BaseException as err:
+                _log_coroutine_error()
+                future.set_exception(err)
+            finally:
+                _RUNNING.discard(task)
+
         def run(self) -> None:
             self._inner_pipe = _BlockingReceiver(self._inner_pipe)
             parent = os.getppid()
@@ -118,10 +147,12 @@ async def fetch_values(_dht, dht_node, keys: list[str], timeout: float, concurre
     return found
 
 
-async def refresh_routing(_dht, dht_node, stale_seconds: float) -> int:
+async def refresh_routing(_dht, dht_node, stale_seconds: float, timeout: float = 30.0) -> int:
     """Kademlia's bucket refresh: look up a random id in every bucket not updated for ``stale_seconds``, and this
     peer's own id, so that the routing table learns of peers it has not met yet (hivemind's own
-    ``refresh_timeout`` passes a bare id where a list is expected, in 1.1.12). Returns the table's size."""
+    ``refresh_timeout`` passes a bare id where a list is expected, in 1.1.12). It ends within ``timeout`` seconds,
+    whatever the peers do. Returns the table's size."""
+    import asyncio
     import random
 
     from hivemind.dht.routing import DHTID
@@ -130,7 +161,10 @@ async def refresh_routing(_dht, dht_node, stale_seconds: float) -> int:
     table = dht_node.protocol.routing_table
     threshold = get_dht_time() - stale_seconds
     queries = [DHTID(random.randint(b.lower, b.upper - 1)) for b in table.buckets if b.last_updated < threshold][:8]
-    await dht_node.find_nearest_nodes(queries + [dht_node.node_id])
+    try:
+        await asyncio.wait_for(dht_node.find_nearest_nodes(queries + [dht_node.node_id]), timeout)
+    except asyncio.TimeoutError:
+        pass  # what it learnt so far stays in the table
     return len(table.uid_to_peer_id)
 
 
@@ -139,10 +173,11 @@ async def routing_table_size(_dht, dht_node) -> int:
     return len(dht_node.protocol.routing_table.uid_to_peer_id)
 
 
-async def rejoin(_dht, dht_node, peers: dict[str, list[str]]) -> int:
+async def rejoin(_dht, dht_node, peers: dict[str, list[str]], timeout: float = 10.0) -> int:
     """For a peer that lost every neighbour: dial its known peers again at the given addresses (``peer id ->
     multiaddrs``: its initial peers and its peer book's), ping them and, if one answers, look up this peer's
-    neighbourhood anew."""
+    neighbourhood anew. Each of the two steps ends within ``timeout`` seconds (a peer that accepts a connection
+    and never answers cannot hold it). Returns how many peers answered."""
     import asyncio
 
     from hivemind.p2p import PeerID
@@ -156,8 +191,12 @@ async def rejoin(_dht, dht_node, peers: dict[str, list[str]]) -> int:
             pass
         return await dht_node.protocol.call_ping(peer_id)
 
-    answers = await asyncio.gather(*(ping(p, a) for p, a in peers.items()), return_exceptions=True)
+    answers = await asyncio.gather(*(asyncio.wait_for(ping(p, a), timeout) for p, a in peers.items()),
+                                   return_exceptions=True)
     answered = sum(1 for a in answers if a is not None and not isinstance(a, BaseException))
     if answered:
-        await dht_node.find_nearest_nodes([dht_node.node_id])
+        try:
+            await asyncio.wait_for(dht_node.find_nearest_nodes([dht_node.node_id]), timeout)
+        except asyncio.TimeoutError:
+            pass
     return answered
