@@ -308,7 +308,8 @@ def test_a_dataset_config_reasoning_gym_rejects_is_a_config_error():
 
 # ----------------------------------------------------------------------------- process lifecycle
 _PARENT = textwrap.dedent("""
-    import os, sys, time
+    import faulthandler, os, signal, sys, time
+    faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks of a parent that does not exit
     from swarmlm.tasks import TaskConfig
     from swarmlm.tasks.verifier import ScoreRequest, Verifier
     v = Verifier(TaskConfig())
@@ -336,7 +337,13 @@ def test_no_worker_outlives_its_parent(mode):
         parent.send_signal(signal.SIGINT)  # Ctrl+C: KeyboardInterrupt in the parent
     elif mode == "sigkill":
         parent.kill()  # a crash that runs no Python cleanup at all
-    parent.wait(timeout=60)
+    try:
+        parent.wait(timeout=60)
+    except subprocess.TimeoutExpired:  # say where it hangs before failing
+        parent.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        parent.kill()
+        pytest.fail(f"the parent did not exit after {mode}; its stacks:\n{parent.communicate()[1][-6000:]}")
     deadline = time.monotonic() + 20
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
