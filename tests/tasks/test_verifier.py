@@ -310,6 +310,10 @@ def test_a_dataset_config_reasoning_gym_rejects_is_a_config_error():
 _PARENT = textwrap.dedent("""
     import faulthandler, os, signal, sys, time
     faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks of a parent that does not exit
+    # Ctrl+C as a terminal delivers it: the test process may have SIGINT ignored or blocked by then (an ignored or
+    # blocked signal is inherited across exec, and one such parent sat in its loop, SIGINT never raised)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from swarmlm.tasks import TaskConfig
     from swarmlm.tasks.verifier import ScoreRequest, Verifier
     v = Verifier(TaskConfig())
