@@ -84,13 +84,14 @@ def quality(model, tokenizer, tasks, scores_of, *, eval_size: int, groups: int, 
         fragile.append(float(greedy_right[i] and 2 * sum(hits) < len(hits)))
         per_family[q.family]["sampled"].append(sum(hits) / len(hits))
         per_family[q.family]["signal"].append(float(0 < sum(hits) < len(hits)))
-        for text in gen.texts:
-            formats.append(extract_answer(text) is not None)
-            if not formats[-1]:
+        group_formats = [extract_answer(text) is not None for text in gen.texts]
+        formats.extend(group_formats)
+        for text, formatted in zip(gen.texts, group_formats):
+            if not formatted:
                 unformatted[q.family] += 1
                 if len(examples) < MAX_EXAMPLES:
                     examples.append(text)
-        lost = sum(extract_answer(text) is None for text in gen.texts)
+        lost = group_formats.count(False)
         if 2 * lost >= len(gen.texts) and len(lost_questions) < MAX_EXAMPLES:
             lost_questions.append({"family": q.family, "question": q.question, "unformatted": lost, "right": sum(hits)})
 

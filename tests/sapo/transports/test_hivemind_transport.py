@@ -374,8 +374,6 @@ def test_the_swarm_survives_its_bootstrap_peer_leaving(tmp_path):
             t.close()
 
 
-
-
 _DHT_COROUTINES = """
 import socket, sys, time
 from functools import partial
