@@ -58,7 +58,9 @@ RECORD_KINDS = {
     "round_mismatch": "round_mismatch",  # a record of an earlier round inside this round's message
     "replayed": "replayed_task",  # an own record of an earlier round, its round field rewritten
     "plagiarized": "replayed_task",  # an honest peer's record, re-signed as the hostile's
-    "copied_group": "duplicate",  # an honest peer's completions under one of the hostile's own questions
+    # an honest peer's completions under one of the hostile's own questions: another question's group, scored against
+    # that question, and never a reason to drop the honest original (docs/security/verification.md)
+    "copied_group": None,
     "foreign_family": "foreign_family",
     "slow": "scorer_timeout",  # a family whose regeneration overruns the honest node's CPU limit
     "after_slow": "penalized",  # then none of its records is verified for a while
@@ -153,8 +155,9 @@ class HostilePeer:
         return raw
 
     def _answers(self, answer: str) -> list[str]:
-        """Half right for ``answer``, half not; distinct text each call, so that no two records share a group (a
-        copy is dropped as a duplicate before anything else is checked)."""
+        """Half right for ``answer``, half not; distinct text each call, so that no two of this peer's records share a
+        group (its own group for the same question again is dropped as a duplicate before anything else is
+        checked)."""
         self._calls += 1
         tag = f"({self._calls}) "  # first, so that it survives the receiver's cut to max_new_tokens
         return [tag + format_answer(answer)] * (self.group_size // 2) + [tag + "<answer>no</answer>"] * (self.group_size - self.group_size // 2)

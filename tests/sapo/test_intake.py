@@ -40,9 +40,9 @@ def chat_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def intake(verifier, tokenizer=None, **limits) -> PeerIntake:
+def intake(verifier, tokenizer=None, max_new_tokens=MAX_NEW, **limits) -> PeerIntake:
     return PeerIntake(swarm=SWARM, node_id="me", limits=RecordLimits(**limits), verifier=verifier,
-                      tokenizer=tokenizer or build_byte_tokenizer(), max_new_tokens=MAX_NEW, staleness_rounds=2,
+                      tokenizer=tokenizer or build_byte_tokenizer(), max_new_tokens=max_new_tokens, staleness_rounds=2,
                       future_rounds=0, round_seconds=30.0, drops=DropCounter(), rng=random.Random(0))
 
 
@@ -122,37 +122,81 @@ def test_what_is_scored_is_what_is_trained(verifier):
     (chat_tokenizer(), "<|im_st<|im_start|>art|>system"),
 ])
 def test_control_tokens_drop_the_record(verifier, tokenizer, text):
-    node = intake(verifier, tokenizer)
+    node = intake(verifier, tokenizer, max_new_tokens=64)
     recs = records("peer-1", ROUND, lambda q: [text, "<answer>1</answer>", "<answer>2</answer>", "<answer>3</answer>"], n=1)
     assert node.accept([msg("peer-1", recs)], ROUND, plain) == []
     assert dict(node.drops.counts) == {"control_token": 1}
 
 
-def test_a_copy_counts_once(verifier):
+def test_the_same_completions_for_two_questions_are_two_groups(verifier):
+    """Short answers are common to many questions: two honest peers (and this node) whose groups for different
+    questions hold the same completions each keep their group, scored against its own question."""
     node = intake(verifier)
-    node.standing.accepted("peer-1", ROUND - 1)  # read first, so that its group is the original
-    genuine = records("peer-1", ROUND, half_right)
-    mine = ["<answer>4</answer> " + "a" * 40, "<answer>7</answer> b"]  # the first one longer than max_new_tokens
-    node.remember_own(mine)
-    copied = records("peer-2", ROUND, lambda q: list(genuine[0].completions), n=1)  # peer-1's group, peer-2's question
-    echoed = records("peer-3", ROUND, lambda q: list(reversed(mine)), n=1)  # my own group, in another order
-    pool = node.accept([msg("peer-1", genuine), msg("peer-2", copied), msg("peer-3", echoed)], ROUND, plain)
-    assert [g.record.node_id for g in pool] == ["peer-1", "peer-1"]
-    assert node.drops.counts["duplicate"] == 2
-    # the same slot again, even with other completions: once
-    again = records("peer-1", ROUND, lambda q: ["<answer>x</answer>"] * 4, n=1)
-    assert node.accept([msg("peer-1", again)], ROUND, plain) == []
-    assert node.drops.counts["duplicate"] == 3
-
-
-def test_uniform_groups_of_honest_peers_are_not_duplicates(verifier):
-    """A peaked policy sends one text L times; two honest peers may send the same one for different questions. Such a
-    group has no advantage under any verifier, so it is not a copy worth dropping."""
-    node = intake(verifier)
-    node.remember_own(["<answer>5</answer>"] * 4)
-    pool = node.accept([msg(p, records(p, ROUND, lambda q: ["<answer>5</answer>"] * 4, n=1)) for p in ("peer-1", "peer-2")],
+    same = ["<answer>5</answer>", "<answer>6</answer>", "<answer>5</answer>", "<answer>7</answer>"]
+    own = records("me", ROUND, lambda q: list(same), n=1)[0]
+    node.remember_own(own.provenance, list(same), ROUND)
+    pool = node.accept([msg(p, records(p, ROUND, lambda q: list(same), n=2)) for p in ("peer-1", "peer-2")],
                        ROUND, plain)
-    assert sorted(g.record.node_id for g in pool) == ["peer-1", "peer-2"] and node.drops.total() == 0
+    assert sorted(g.record.node_id for g in pool) == ["peer-1"] * 2 + ["peer-2"] * 2
+    assert node.drops.total() == 0
+
+
+def test_a_group_counts_once_per_sender_and_own_groups_are_not_taken_back(verifier, caplog):
+    """The same completions for the same question again: from the same sender (under another slot whose stream
+    index collides) or this node's own group (two streams that draw one question) is a duplicate; the same slot
+    rewritten is one too."""
+    mine, theirs = collision("me", "peer-3", ROUND, ROUND)
+    node = PeerIntake(swarm=SWARM, node_id=mine.node_id, limits=RecordLimits(), verifier=verifier,
+                      tokenizer=build_byte_tokenizer(), max_new_tokens=MAX_NEW, staleness_rounds=2, future_rounds=0,
+                      round_seconds=30.0, drops=DropCounter(), rng=random.Random(0))
+    texts = ["<answer>4</answer> " + "a" * 40, "<answer>7</answer> b"]  # the first one longer than max_new_tokens
+    node.remember_own(mine.provenance, texts, ROUND)
+    echoed = with_completions(theirs, list(reversed(texts)))
+    caplog.set_level("INFO", logger="swarmlm.sapo.records")
+    assert node.accept([msg(theirs.node_id, [echoed])], ROUND, plain) == []
+    assert dict(node.drops.counts) == {"duplicate": 1}
+    logged = [r for r in caplog.records if "duplicate" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "INFO"
+    assert theirs.node_id in logged[0].getMessage() and "this node's own group" in logged[0].getMessage()
+    pool = node.accept([msg("peer-1", records("peer-1", ROUND, half_right))], ROUND, plain)
+    assert len(pool) == 2
+    again = records("peer-1", ROUND, lambda q: ["<answer>x</answer>"] * 4, n=1)  # the same slot, other completions
+    assert node.accept([msg("peer-1", again)], ROUND, plain) == []
+    assert dict(node.drops.counts) == {"duplicate": 2}
+
+
+def collision(a: str, b: str, round_a: int, round_b: int, tries: int = 20_000) -> tuple[RolloutRecord, RolloutRecord]:
+    """Two genuine records, of senders whose names start with ``a`` and ``b``, whose streams draw one question
+    (found by the birthday bound over sender names: SHA-256 indices in a space of 10^7); both without completions."""
+    from swarmlm.tasks.provenance import stream_index
+    from swarmlm.tasks import TaskSource
+    family = "chain_sum"
+    by_index = {}
+    for k in range(tries):
+        name = f"{a}-{k}" if k else a
+        by_index.setdefault(stream_index(question_stream(SWARM, name), round_a, 0, family), name)
+    for k in range(tries):
+        name = f"{b}-{k}" if k else b
+        index = stream_index(question_stream(SWARM, name), round_b, 0, family)
+        if index in by_index:
+            break
+    else:
+        raise AssertionError("no collision found")
+    return _record_of(by_index[index], round_a, family), _record_of(name, round_b, family)
+
+
+def _record_of(sender: str, round: int, family: str) -> RolloutRecord:
+    """``sender``'s genuine question 0 of ``round`` as a ``family`` question (a sender may claim any family of the
+    receiver's mix for a slot; the index is its stream's)."""
+    from swarmlm.tasks.provenance import TRAIN_SEED, Provenance, stream_index
+    source = TaskSource(TaskConfig(), stream=question_stream(SWARM, sender))
+    index = stream_index(source.stream, round, 0, family)
+    provenance = Provenance(family, TRAIN_SEED, index, source._digests[family])
+    return RolloutRecord(sender, round, 0, family, source._datasets[family][index]["question"], provenance, [], "m")
+
+
+def with_completions(rec: RolloutRecord, completions: list[str]) -> RolloutRecord:
+    return RolloutRecord(rec.node_id, rec.round, rec.slot, rec.family, rec.question, rec.provenance, completions, "m")
 
 
 def test_a_republished_round_message_yields_only_its_new_records(verifier):
@@ -175,19 +219,77 @@ def test_a_republished_round_message_yields_only_its_new_records(verifier):
     assert dict(node.drops.counts) == {"duplicate": 1}
 
 
-def test_a_copy_read_first_never_displaces_its_original(verifier):
-    """A copier republishes an honest peer's group under its own question of a later round. Even when the copier is
-    the peer read first (trusted, newest round first), the original is kept and the copy is the duplicate."""
+def trusted_for_three_rounds(node, peer: str) -> None:
+    for r in (ROUND - 3, ROUND - 2, ROUND - 1):
+        earlier = records(peer, r, lambda q: [f"{peer} {r} " + c for c in half_right(q)], n=1, first_slot=9)
+        assert len(node.accept([msg(peer, earlier, round=r)], r, plain)) == 1
+    assert node.standing.trusted(peer, ROUND)
+
+
+@pytest.mark.parametrize("arrival", ["copy first", "original first", "copy a collect earlier",
+                                     "original a collect earlier"])
+def test_a_trusted_copier_never_gets_a_newcomers_group_dropped(verifier, arrival):
+    """A peer accepted for three rounds republishes a newcomer's round-g completions under its own round-g question.
+    Whatever the order of arrival, the newcomer's group is accepted; the copy is another question's group, scored
+    against that question (the newcomer's right answers are wrong there)."""
     node = intake(verifier)
-    for peer in ("copier", "author"):
-        earlier = records(peer, ROUND - 2, lambda q: [f"{peer} " + c for c in half_right(q)], n=1, first_slot=9)
-        assert len(node.accept([msg(peer, earlier, round=ROUND - 2)], ROUND - 2, plain)) == 1
-    node.standing.accepted("copier", ROUND - 3)  # trusted for longer, so read before the author
-    original = records("author", ROUND - 1, half_right, n=1)
+    trusted_for_three_rounds(node, "copier")
+    original = records("newcomer", ROUND, half_right, n=1)
     copy = records("copier", ROUND, lambda q: list(original[0].completions), n=1)
-    pool = node.accept([msg("copier", copy), msg("author", original, round=ROUND - 1)], ROUND, plain)
-    assert [g.record.node_id for g in pool] == ["author"]
-    assert dict(node.drops.counts) == {"duplicate": 1}
+    assert original[0].provenance != copy[0].provenance
+    if arrival == "copy first":
+        pool = node.accept([msg("copier", copy), msg("newcomer", original)], ROUND, plain)
+    elif arrival == "original first":
+        pool = node.accept([msg("newcomer", original), msg("copier", copy)], ROUND, plain)
+    elif arrival == "copy a collect earlier":
+        pool = node.accept([msg("copier", copy)], ROUND, plain) + node.accept([msg("newcomer", original)], ROUND + 1, plain)
+    else:
+        pool = node.accept([msg("newcomer", original)], ROUND, plain) + node.accept([msg("copier", copy)], ROUND + 1, plain)
+    by_sender = {g.record.node_id: g for g in pool}
+    assert set(by_sender) == {"newcomer", "copier"} and node.drops.total() == 0
+    assert by_sender["newcomer"].scores == [1.0, 1.0, 0.0, 0.0]
+    assert by_sender["newcomer"].prompt == original[0].question and by_sender["copier"].prompt == copy[0].question
+    assert node.standing.trusted("newcomer", ROUND + 1)
+
+
+def test_a_copier_cannot_claim_its_authors_question(verifier):
+    """The copy under the author's own question (its provenance) is not the copier's question to send."""
+    node = intake(verifier)
+    trusted_for_three_rounds(node, "copier")
+    original = records("newcomer", ROUND, half_right, n=1)[0]
+    stolen = RolloutRecord("copier", ROUND, original.slot, original.family, original.question, original.provenance,
+                           list(original.completions), "m")
+    pool = node.accept([msg("copier", [stolen]), msg("newcomer", [original])], ROUND, plain)
+    assert [g.record.node_id for g in pool] == ["newcomer"]
+    assert dict(node.drops.counts) == {"replayed_task": 1}
+
+
+@pytest.mark.parametrize("copy_round", [ROUND, ROUND - 1])
+@pytest.mark.parametrize("copy_first", [True, False])
+@pytest.mark.parametrize("one_collect", [True, False])
+def test_where_two_streams_draw_one_question_neither_copy_is_dropped(verifier, caplog, copy_round, copy_first,
+                                                                     one_collect):
+    """The rare case where the copier's stream draws the author's very question (found here by searching sender
+    names): the same completions for the same question from two senders. Neither can be shown to be the author (a
+    round can be back-dated within the staleness window), so both are kept, in either order and either round, and
+    the copier never gets the original dropped. Logged at INFO with both senders."""
+    author, copier = collision("author", "copier", ROUND, copy_round)
+    node = intake(verifier)
+    trusted_for_three_rounds(node, copier.node_id)
+    completions = ["<answer>1</answer> a", "<answer>2</answer> b", "<answer>3</answer> c", "<answer>4</answer> d"]
+    author, copier = with_completions(author, completions), with_completions(copier, completions)
+    first, second = (copier, author) if copy_first else (author, copier)
+    caplog.set_level("INFO", logger="swarmlm.sapo.intake")
+    if one_collect:
+        pool = node.accept([msg(first.node_id, [first], first.round), msg(second.node_id, [second], second.round)],
+                           ROUND, plain)
+    else:
+        pool = node.accept([msg(first.node_id, [first], first.round)], ROUND, plain)
+        pool += node.accept([msg(second.node_id, [second], second.round)], ROUND, plain)
+    assert sorted(g.record.node_id for g in pool) == sorted([author.node_id, copier.node_id])
+    assert node.drops.total() == 0
+    logged = [r.getMessage() for r in caplog.records if "both kept" in r.getMessage()]
+    assert len(logged) == 2 and all(author.node_id in m and copier.node_id in m for m in logged)  # text and tokens
 
 
 def test_a_record_is_bound_to_its_sender_and_round(verifier):

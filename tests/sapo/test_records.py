@@ -241,13 +241,13 @@ def test_a_rounds_message_keeps_its_newest_records_within_the_limits():
     assert [r.slot for r in got] == list(range(10 - len(got), 10)) and 2 <= len(got) < 10
 
 
-def test_routine_duplicates_log_at_debug_and_hostile_drops_warn(caplog):
-    """Honest nodes send identical groups every round: counted, but logged only at DEBUG; a malformed message
-    from a peer is a warning."""
+def test_duplicates_log_at_info_and_hostile_drops_warn(caplog):
+    """A duplicate (a sender's, or this node's own, completions for the same question again) is logged at INFO, as
+    a copier's attempts would be; a malformed message from a peer is a warning."""
     drops = DropCounter()
     with caplog.at_level(logging.DEBUG, logger="swarmlm.sapo.records"):
         drops.drop("duplicate", SENDER, "a group seen before")
         drops.drop("malformed", SENDER, "not JSON")
     levels = {r.getMessage().split(": ")[1].split(" ")[0]: r.levelno for r in caplog.records}
-    assert levels == {"duplicate": logging.DEBUG, "malformed": logging.WARNING}
+    assert levels == {"duplicate": logging.INFO, "malformed": logging.WARNING}
     assert dict(drops.counts) == {"duplicate": 1, "malformed": 1}

@@ -252,8 +252,8 @@ class SAPONode:
         own = OwnRollouts(round, generated, scores, gen_seconds,
                           gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)),
                           global_round=global_round, families=[q.family for q in questions])
-        for gen in generated:
-            self.intake.remember_own(gen.texts)
+        for q, gen in zip(questions, generated):
+            self.intake.remember_own(q.provenance, gen.texts, global_round)
         records = [RolloutRecord(self.node_id, global_round, first_slot + k, q.family, q.question, q.provenance,
                                  gen.texts, self.model_name) for k, (q, gen) in enumerate(zip(questions, generated))]
         if self._round_records[0] != global_round:

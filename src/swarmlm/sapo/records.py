@@ -45,6 +45,10 @@ class RecordLimits(StrictModel):
     max_id_chars: int = Field(128, ge=1, description="longest accepted node id, task family or model name")
     max_round_records: int = Field(256, ge=1, description="most records accepted per round from all peers together")
     max_round_bytes: int = Field(16_000_000, ge=1024, description="most message bytes read per round from all peers together")
+    max_sender_records: int = Field(64, ge=1, description="most records accepted per round from one peer")
+    max_round_chars: int = Field(4_000_000, ge=1024, description=(
+        "most completion characters tokenized per round from all peers together (each completion is first cut to "
+        "what max_new_tokens tokens can span)"))
 
 
 @dataclass
@@ -78,10 +82,9 @@ class DropCounter:
 
     def drop(self, reason: str, sender: str, detail: str = "") -> None:
         self.counts[reason] += 1
-        # Honest nodes of a small task space publish identical groups often (the same question answered the same
-        # way; about 4% of the records a node receives in the default run): counted like any drop, logged only at DEBUG
-        # (``--log-level DEBUG``), so that the warnings that point at a broken or hostile peer stand out.
-        level = logging.DEBUG if reason in ROUTINE_DROPS else logging.WARNING
+        # A duplicate (the same sender's, or this node's own, completions for the same question again) is logged at
+        # INFO with the senders involved: rare among honest nodes, but what a copier's attempts look like.
+        level = logging.INFO if reason in ROUTINE_DROPS else logging.WARNING
         log.log(level, "dropped record from %s: %s%s", printable(sender, 64), reason,
                 f" ({printable(detail, 160)})" if detail else "")
 
