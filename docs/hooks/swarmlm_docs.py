@@ -1,0 +1,339 @@
+"""MkDocs hook that generates the parts of the documentation that have one source elsewhere.
+
+* ``reference/config/<command>.md``: one page per ``swarmlm`` command, a table of every option (flag, type,
+  default, description) walked from the command's pydantic config model, so the reference cannot drift from
+  the code. The pages are added to the site in :func:`on_files` and to the navigation in :func:`on_config`.
+* ``<!-- cli-commands -->`` in a page: a table of the commands with their one-line help.
+* ``<!-- results: NAME -->`` in a page: a table rendered from ``docs/results/*.json`` by ``RESULTS[NAME]``.
+  ``tests/test_docs.py`` also checks that the README's headline tables are exactly these renderings.
+
+The module is plain Python (no MkDocs import at module level), so the tests can import it by path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "docs" / "results"
+CONFIG_DIR = "reference/config"
+NAV_TITLE = "Configuration"  # the nav entry under which the generated pages are listed
+
+
+# --------------------------------------------------------------------------------------------- the commands
+
+
+def commands() -> list[Any]:
+    """``swarmlm.cli.COMMANDS``: every command with its path, config model (``module:Class``) and help."""
+    from swarmlm.cli import COMMANDS
+
+    return list(COMMANDS)
+
+
+def load_model(target: str) -> type:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def command_slug(path: tuple[str, ...]) -> str:
+    return "-".join(path)
+
+
+def _escape(text: str) -> str:
+    """Text for a markdown table cell."""
+    text = " ".join(str(text).split())
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def type_name(annotation: Any) -> str:
+    """A short, readable name of a field's type: ``int``, ``float | None``, ``'a' | 'b'``, ``list[str]``."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(type_name(a) for a in args)}]" if args else name
+    if annotation is type(None):
+        return "None"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _default(field: Any) -> str:
+    from pydantic_core import PydanticUndefined
+
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()
+        except TypeError:  # a factory that takes the validated data
+            return "(computed)"
+    else:
+        value = field.default
+    if value is PydanticUndefined:
+        return "(required)"
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(mode="json")
+    return f"`{json.dumps(value)}`" if not isinstance(value, str) else f"`{value!r}`"
+
+
+def _is_model(annotation: Any) -> bool:
+    from pydantic import BaseModel
+
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _flag(dotted: str) -> str:
+    return "--" + dotted.replace("_", "-")
+
+
+def config_rows(model: type, prefix: str = "") -> list[tuple[str, list[tuple[str, str, str, str]], str]]:
+    """The model's options as sections: (dotted prefix, rows of (flag, type, default, description), section doc).
+    The first section is the model's own (top-level) fields; each sub-model follows as its own section."""
+    from swarmlm.config import NamedSection
+
+    rows: list[tuple[str, str, str, str]] = []
+    subsections: list[tuple[str, list[tuple[str, str, str, str]], str]] = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        annotation = field.annotation
+        if _is_model(annotation):
+            if issubclass(annotation, NamedSection):
+                rows.append((_flag(dotted), "str", "", f"shorthand for `{_flag(dotted + '.name')}`"))
+            subsections.extend(config_rows(annotation, dotted + "."))
+            continue
+        rows.append((_flag(dotted), type_name(annotation), _default(field), field.description or ""))
+    doc = (model.__doc__ or "").strip()
+    if doc.startswith(("A base class", "Usage docs:")):  # pydantic's own BaseModel docstring
+        doc = ""
+    return [(prefix, rows, doc)] + subsections
+
+
+def config_page(command: Any) -> str:
+    """The reference page of one command's options."""
+    model = load_model(command.config)
+    name = " ".join(command.path)
+    lines = [
+        f"# `swarmlm {name}`",
+        "",
+        _escape(command.help) + ".",
+        "",
+        f"Every option is a flag (`swarmlm {name} --rounds 20`) and a field of the YAML file given by `--config`",
+        "(nested options as nested mappings; flags override the file). Generated from the pydantic model "
+        f"`{command.config.replace(':', '.')}`; `swarmlm {name} --help` lists the same options.",
+        "",
+    ]
+    for prefix, rows, doc in config_rows(model):
+        if prefix:
+            lines += [f"## `{_flag(prefix)}*`", ""]
+        if doc:
+            doc = re.sub(r":(?:mod|class|func|meth|attr|data):`~?([^`]+)`", r"`\1`", doc)
+            lines += [_escape(re.sub(r"``([^`]+)``", r"`\1`", doc)), ""]
+        if not rows:
+            lines += ["No options of its own.", ""]
+            continue
+        lines += ["| option | type | default | description |", "|---|---|---|---|"]
+        for flag, type_, default, description in rows:
+            lines.append(f"| `{flag}` | `{_escape(type_)}` | {_escape(default)} | {_escape(description)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def cli_table() -> str:
+    lines = ["| command | what it does | options |", "|---|---|---|"]
+    for command in commands():
+        name = " ".join(command.path)
+        link = f"config/{command_slug(command.path)}.md"
+        lines.append(f"| `swarmlm {name}` | {_escape(command.help)} | [all options]({link}) |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- results tables
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS_DIR / f"{name}.json").read_text())
+
+
+def _f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def _range(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+
+
+def sapo_default_run(name: str = "sapo_default_run") -> str:
+    """Per seed: mean held-out pass@1 at rounds 0, 50 and 100, the gain, each node at round 100, and the format."""
+    data = _load(name)
+    lines = [
+        "| `--seed` | mean pass@1, round 0 | round 50 | round 100 | gain | per node at round 100 "
+        "| format rate, lowest round / lowest 10-round mean / last round |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in data["runs"]:
+        seed = re.search(r"--seed (\d+)", run["command"])
+        nodes = list(run["nodes"].values())
+        by_round = run["mean_eval_pass1_by_round"]
+        fmt = (f"{min(n['min_format_rate_round'] for n in nodes):.2f} / {min(n['format_rate_min10'] for n in nodes):.2f}"
+               f" / {_range([n['final_format_rate'] for n in nodes])}")
+        lines.append(
+            f"| {seed.group(1) if seed else 0} | {_f3(by_round['0'])} | {_f3(by_round['50'])} | {_f3(by_round['100'])} "
+            f"| {_signed(run['gain'])} | {', '.join(_f3(n['final_eval_pass1']) for n in nodes)} | {fmt} |")
+    return "\n".join(lines)
+
+
+def _mean_ci(stat: dict[str, float], digits: int) -> str:
+    return f"{stat['mean']:.{digits}f} ± {stat['ci95']:.{digits}f}"
+
+
+def sapo_experiment(name: str = "sapo_experiment") -> str:
+    """The sharing experiment: per I/J configuration, cumulative own reward and its ratio to 8/0, final pass@1, and
+    the SAPO paper's figures (arXiv 2509.08721)."""
+    data = _load(name)
+    baseline = data.get("baseline", "8/0")
+    lines = [
+        "| I / J | cumulative own reward | vs 8/0 | final held-out pass@1 | paper: cumulative reward | paper: vs 8/0 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for config, row in data["configurations"].items():
+        ratio = row["ratio_to_baseline"]
+        versus = "—" if config == baseline else f"{(ratio['mean'] - 1) * 100:+.0f}% ± {ratio['ci95'] * 100:.0f}%"
+        paper_ratio = row.get("paper_ratio_to_baseline")
+        paper_vs = "—" if config == baseline or paper_ratio is None else f"{(paper_ratio - 1) * 100:+.0f}%"
+        paper = row.get("paper_cumulative_reward")
+        lines.append(
+            f"| {config} | {_mean_ci(row['cumulative_reward_own'], 2)} | {versus} "
+            f"| {_mean_ci(row['final_eval_pass1'], 3)} | {'—' if paper is None else f'{paper:.2f}'} | {paper_vs} |")
+    return "\n".join(lines)
+
+
+NOLOCO_METHODS = [("ddp", "DDP"), ("diloco", "DiLoCo (Nesterov 0.9)"), ("diloco-hb", "DiLoCo (heavy-ball 0.3)"),
+                  ("noloco", "NoLoCo")]
+
+
+def _cells(table: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    out = []
+    for h_key in sorted(table, key=lambda k: int(k[1:])):
+        for m_key in sorted(table[h_key], key=lambda k: int(k[1:])):
+            out.append((h_key[1:], m_key[1:], table[h_key][m_key]))
+    return out
+
+
+def noloco_compare_ppl() -> str:
+    """Final validation perplexity per method, H and M, and NoLoCo's ratio to each DiLoCo (``noloco compare``)."""
+    table = _load("noloco_compare")["table"]
+    lines = [
+        "| H | M | " + " | ".join(label for _, label in NOLOCO_METHODS)
+        + " | NoLoCo / DiLoCo (Nesterov) | NoLoCo / DiLoCo (heavy-ball) |",
+        "|---|---|" + "---|" * (len(NOLOCO_METHODS) + 2),
+    ]
+    for h, m, cell in _cells(table):
+        ppl = []
+        for key, _ in NOLOCO_METHODS:
+            text = f"{cell[key]['final_val_ppl']:.2f} ± {cell[key]['final_val_ppl_ci95']:.2f}"
+            ppl.append(f"**{text}**" if key == "noloco" else text)
+        ratios = [f"{cell['noloco'][f'ratio_to_{b}']['mean']:.3f} ± {cell['noloco'][f'ratio_to_{b}']['ci95']:.3f}"
+                  for b in ("diloco", "diloco-hb")]
+        lines.append(f"| {h} | {m} | " + " | ".join(ppl + ratios) + " |")
+    return "\n".join(lines)
+
+
+def noloco_headline() -> str:
+    """The README's NoLoCo table: final perplexity of NoLoCo and both DiLoCo baselines, and NoLoCo's ratios and
+    simulated wall-clock speed-ups to a common target."""
+    table = _load("noloco_compare")["table"]
+    lines = [
+        "| H | M | NoLoCo ppl | DiLoCo ppl (Nesterov / heavy-ball) | NoLoCo / DiLoCo ppl (Nesterov / heavy-ball) "
+        "| simulated time to target, speed-up vs Nesterov / heavy-ball |",
+        "|---|---|---|---|---|---|",
+    ]
+    for h, m, cell in _cells(table):
+        nol = cell["noloco"]
+        speed = nol.get("speedup_to_target_vs_diloco", {}).get("calibrated")
+        speed_hb = nol.get("speedup_to_target_vs_diloco-hb", {}).get("calibrated")
+        lines.append(
+            f"| {h} | {m} | {nol['final_val_ppl']:.2f} | {cell['diloco']['final_val_ppl']:.2f} / "
+            f"{cell['diloco-hb']['final_val_ppl']:.2f} | {nol['ratio_to_diloco']['mean']:.3f} / "
+            f"{nol['ratio_to_diloco-hb']['mean']:.3f} | {speed['mean']:.2f}× / {speed_hb['mean']:.2f}× |")
+    return "\n".join(lines)
+
+
+RESULTS: dict[str, Callable[[], str]] = {
+    "sapo_default_run": sapo_default_run,
+    "sapo_experiment": sapo_experiment,
+    "sapo_experiment_amd_epyc": lambda: sapo_experiment("sapo_experiment_amd_epyc"),
+    "noloco_compare_ppl": noloco_compare_ppl,
+    "noloco_headline": noloco_headline,
+}
+
+MARKER = re.compile(r"^<!-- results: ([a-z0-9_]+) -->$", re.MULTILINE)
+
+
+def render_markers(markdown: str, page: str = "?") -> str:
+    """Replace every ``<!-- results: NAME -->`` line with its table and ``<!-- cli-commands -->`` with the
+    commands' table. An unknown NAME is an error, so a typo fails the (strict) build."""
+
+    def table(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in RESULTS:
+            raise ValueError(f"{page}: unknown results table {name!r}; known: {', '.join(sorted(RESULTS))}")
+        return RESULTS[name]()
+
+    markdown = MARKER.sub(table, markdown)
+    if "<!-- cli-commands -->" in markdown:
+        markdown = markdown.replace("<!-- cli-commands -->", cli_table())
+    return markdown
+
+
+# --------------------------------------------------------------------------------------------- MkDocs events
+
+
+def on_config(config: Any) -> Any:
+    """List the generated configuration pages in the navigation, under the entry titled ``NAV_TITLE``
+    (whose page, the section's index, stays first)."""
+    pages = [{f"swarmlm {' '.join(c.path)}": f"{CONFIG_DIR}/{command_slug(c.path)}.md"} for c in commands()]
+
+    def visit(items: list[Any]) -> bool:
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                (title, value), = item.items()
+                if title == NAV_TITLE and isinstance(value, str):
+                    items[i] = {title: [value] + pages}
+                    return True
+                if isinstance(value, list) and visit(value):
+                    return True
+        return False
+
+    if config.get("nav") and not visit(config["nav"]):
+        raise ValueError(f"mkdocs.yml: no nav entry titled {NAV_TITLE!r} to list the configuration pages under")
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for command in commands():
+        uri = f"{CONFIG_DIR}/{command_slug(command.path)}.md"
+        files.append(File.generated(config, uri, content=config_page(command)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    return render_markers(markdown, page.file.src_uri)
