@@ -17,7 +17,7 @@ Writes one JSON with every run's trajectory and a summary per run::
     OMP_NUM_THREADS=1 python benchmarks/pretrained_lr.py --model smollm2-135m --lrs 1e-6,1e-5,3e-5 --raw-lrs 1e-4 \\
         --raw-rounds 12 --sft-steps 5 --rounds 30 --out runs/lr-smollm2 --json docs/results/smollm2_lr.json
 
-(the README's figures, and docs/results/smollm2_lr.json).
+(the figures of docs/guides/models.md, and docs/results/smollm2_lr.json).
 
 Runs that finished are read back rather than run again, so an interrupted sweep continues where it stopped.
 """

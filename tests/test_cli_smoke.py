@@ -1,7 +1,7 @@
 """Every command of the ``swarmlm`` CLI, from the CLI's own list (``swarmlm.cli.COMMANDS``), as a newcomer runs it.
 
 For each command: ``--help`` exits 0, the command runs end to end in its own process (``python -m swarmlm ...``)
-at its tiniest settings, exits 0, and writes what the README says it writes. A command that another test already
+at its tiniest settings, exits 0, and writes what the docs say it writes. A command that another test already
 runs that way (``covered_by``) is not run a second time here: its case checks that the test exists. A command without a case in
 ``SMOKE`` fails :func:`test_every_command_has_a_smoke_case`, and its own parametrized case fails too, so a new
 command cannot be added without one.
@@ -38,7 +38,7 @@ SWARM_TINY = ["--external", "0", "--swarm.round-length", "1", "--sharing.collect
               "--swarm.poll-interval", "0.25"]
 NOLOCO_TINY = ["--steps", "2", "--seq-len", "16", "--batch-size", "2", "--outer.every", "2", "--eval-every", "2",
                "--eval-batches", "1", "--inner.warmup-steps", "1", "--progress", "false"]
-# what a SAPO node writes (README, "SAPO on one machine": metrics, TensorBoard, checkpoints with model and tokenizer
+# what a SAPO node writes (docs/guides/sapo-one-machine.md: metrics, TensorBoard, checkpoints with model and tokenizer
 # as safetensors, Adam state and node state)
 NODE_FILES = ["metrics.jsonl", "tensorboard", "checkpoints/latest", "checkpoints/step-000001/model/model.safetensors",
               "checkpoints/step-000001/model/tokenizer.json", "checkpoints/step-000001/optimizer.pt",

@@ -107,7 +107,7 @@ def test_sapo_simulate_runs_smollm2_past_its_checkpoints_and_resumes(tmp_path):
     ckpt = latest_checkpoint(out / "node-0" / "checkpoints")
     assert ckpt.step == 1 and (ckpt.model_dir / "model.safetensors").is_file()
     assert "quantization_config" not in json.loads((ckpt.model_dir / "config.json").read_text())
-    # what the README says a run writes (this test is the `sapo simulate` case of tests/test_cli_smoke.py)
+    # what docs/guides/sapo-one-machine.md says a run writes (this test is the `sapo simulate` case of tests/test_cli_smoke.py)
     for name in ("summary.json", "config.yaml", "node-0/metrics.jsonl", "node-0/tensorboard", "node-0/checkpoints/latest",
                  "node-0/checkpoints/step-000001/model/tokenizer.json", "node-0/checkpoints/step-000001/optimizer.pt",
                  "node-0/checkpoints/step-000001/state.json"):

@@ -122,7 +122,7 @@ class CompareInnerSection(InnerSection):
 class CompareConfig(StrictModel):
     """``swarmlm noloco compare``: the three methods (and both DiLoCo baselines), trained alike.
 
-    The defaults are the study of the README (M = 4, 8, 16; seeds 0, 1, 2; H = 20 and 50; 1500 steps, so 30 outer
+    The defaults are the study of docs/results/noloco-vs-diloco.md (M = 4, 8, 16; seeds 0, 1, 2; H = 20 and 50; 1500 steps, so 30 outer
     steps at H = 50), sized to end in about 90 minutes on one CPU core with the in-process backend."""
 
     out: str = Field("runs/noloco-compare", description="output directory (results.json, results.md, ppl-H*.png, "

@@ -53,7 +53,7 @@ def is_correct(score: float) -> bool:
 
 log = logging.getLogger(__name__)
 
-PRESET_LR = 1e-4  # measured on the warm-started tiny-qwen2: at 2e-4 a lone node lost the answer format (README)
+PRESET_LR = 1e-4  # measured on the warm-started tiny-qwen2: at 2e-4 a lone node lost the answer format (docs/results/sapo-history.md)
 PRETRAINED_LR = 1e-5  # measured on SmolLM2-135M: held-out pass@1 rose at 1e-5, barely at 1e-6 (docs/results/smollm2_lr.json)
 
 

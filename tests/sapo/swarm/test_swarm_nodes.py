@@ -403,7 +403,7 @@ def test_swarm_command_runs_nodes_and_summarises(tmp_path):
                  "of round time", "machine: "):
         assert text in res.stdout, (text, res.stdout[-2000:])
     assert "name: tiny-llama" in (out / "node-1" / "node.yaml").read_text()
-    # what the README says each node writes (this test is the `sapo swarm` case of tests/test_cli_smoke.py)
+    # what docs/swarm.md says each node writes (this test is the `sapo swarm` case of tests/test_cli_smoke.py)
     for k in range(2):
         for name in ("node.log", "metrics.jsonl", "tensorboard", "checkpoints/latest",
                      "checkpoints/step-000004/model/model.safetensors", "checkpoints/step-000004/optimizer.pt"):
