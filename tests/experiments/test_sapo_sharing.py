@@ -65,7 +65,8 @@ def test_miniature_experiment_writes_tables_and_plots(tmp_path):
             "--configurations", "[2/0, 1/1]", "--seeds", "[0, 1]", "--nodes", "2", "--rounds", "3", "--eval-every", "3",
             "--model.warmstart-steps", "8", "--generation.group-size", "4", "--generation.max-new-tokens", "8",
             "--tasks.eval-size", "4", "--smoothing", "2", "--out", str(out),
-            "--node-models", "[tiny-qwen2, tiny-llama]"]  # a heterogeneous experiment: its by-model table too
+            "--node-models", "[tiny-qwen2, tiny-llama]",  # a heterogeneous experiment: its by-model table too
+            "--scenario", "specialists"]  # node 0 draws chain_sum, node 1 basic_arithmetic: the specialists' table
     res = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -92,7 +93,18 @@ def test_miniature_experiment_writes_tables_and_plots(tmp_path):
     # each node began from its own model: node 1's checkpoints are a Llama
     model = out / "runs" / "1-1" / "seed-0" / "node-1" / "checkpoints" / "step-000003" / "model" / "config.json"
     assert json.loads(model.read_text())["model_type"] == "llama"
-    for png in ("reward.png", "eval.png"):
+    assert results["settings"]["node_families"] == ["chain_sum", "basic_arithmetic"]
+    spec = results["specialists"]["configurations"]
+    for c in ("2/0", "1/1"):
+        for seed in spec[c]["seeds"].values():
+            for key in ("pass1_unseen_start", "pass1_unseen_end", "pass1_all_start", "pass1_all_end"):
+                assert 0 <= seed[key] <= 1
+    assert spec["1/1"]["pass1_unseen_end_vs_baseline"]["ci95"] is not None and "unseen end vs 2/0" in table
+    own = [json.loads(line) for line in
+           (out / "runs" / "1-1" / "seed-0" / "node-1" / "metrics.jsonl").read_text().splitlines()]
+    assert {f for r in own for f in r.get("by_family", {})} == {"basic_arithmetic"}  # node 1 drew only its family
+    assert set(own[0]["eval_by_family"]) == {"chain_sum", "basic_arithmetic", "products"}  # and was tested on all
+    for png in ("reward.png", "eval.png", "unseen.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # resumable: a second call finds every run finished and only rewrites the report
     res = subprocess.run(args, capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from tqdm.auto import tqdm
 
 from swarmlm.config import dump_config
@@ -43,8 +43,19 @@ class ExperimentConfig(NodeModels, SAPOSettings):
     rounds: int = Field(100, ge=1, description="rounds of every run (the default scale ends in about an hour on 2 CPU cores)")
     transport: Literal["in_process", "torch"] = Field(
         "in_process", description="in_process = a run's nodes in this process; torch = one process per node over torch.distributed")
+    scenario: Literal["homogeneous", "specialists"] = Field(
+        "homogeneous", description="homogeneous = every node draws questions from the whole task mix; specialists = "
+        "node k draws only from family k of the mix (node_families, unless given), so that what one node learns of "
+        "its family can reach the others only through sharing; the report adds held-out pass@1 on each node's unseen "
+        "families")
     smoothing: int = Field(10, ge=1, description="moving-average window (rounds) of the reward plot")
     out: str = Field("runs/sapo-experiment", description="output directory")
+
+    @model_validator(mode="after")
+    def _specialists(self) -> "ExperimentConfig":
+        if self.scenario == "specialists" and not self.node_families:
+            self.node_families = [f.name for f in self.tasks.resolved_families()]
+        return self
 
     @field_validator("configurations")
     @classmethod
@@ -70,7 +81,7 @@ def run_dir(out: str | Path, configuration: str, seed: int) -> Path:
 
 def run_config(config: ExperimentConfig, configuration: str, seed: int) -> SimulateConfig:
     i, j = split(configuration)
-    shared = config.model_dump(exclude={"configurations", "seeds", "smoothing", "out"})
+    shared = config.model_dump(exclude={"configurations", "seeds", "scenario", "smoothing", "out"})
     return SimulateConfig(**shared, local=i, external=j, seed=seed, out=str(run_dir(config.out, configuration, seed)))
 
 

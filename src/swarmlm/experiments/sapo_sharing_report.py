@@ -32,6 +32,95 @@ def _run_numbers(nodes: list[list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def _eval_rows(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A node's first and last rows with a held-out evaluation by family (round 0 is the first)."""
+    evals = [r for r in rows if r.get("eval_by_family")]
+    return (evals[0], evals[-1]) if evals else (None, None)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def specialist_numbers(config, nodes: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """One run's held-out pass@1 by what each node draws itself (``node_families``): on the families it never
+    draws (``unseen``), on those it draws (``own``) and on all of them, before the first update (``start``) and at
+    the last evaluation (``end``), each the mean over nodes. A node's unseen (own) pass@1 is the mean over those
+    families of its pass@1 on each; ``all`` is its pass@1 on the whole held-out set."""
+    mix = [f.name for f in config.tasks.resolved_families()]
+    parts: dict[str, list[float]] = {}
+    for k, rows in enumerate(nodes):
+        own = set(config.node_tasks(k).draw_families or mix)
+        unseen = [f for f in mix if f not in own]
+        for when, row in zip(("start", "end"), _eval_rows(rows)):
+            if row is None:
+                continue
+            by_family = row["eval_by_family"]
+            for part, families in (("unseen", unseen), ("own", sorted(own))):
+                value = _mean([by_family[f] for f in families if f in by_family])
+                if value is not None:
+                    parts.setdefault(f"pass1_{part}_{when}", []).append(value)
+            parts.setdefault(f"pass1_all_{when}", []).append(row["eval_pass1"])
+    out = {key: _mean(values) for key, values in sorted(parts.items())}
+    # what sharing carried: external groups trained per round and how much their completions counted
+    used = [r.get("external_used", 0) for rows in nodes for r in rows if r.get("round", 0) >= 1]
+    weights = [r["external_weight"] for rows in nodes for r in rows if r.get("external_weight") is not None]
+    out["external_used_per_round"] = _mean(used)
+    out["external_weight_mean"] = _mean(weights)
+    return out
+
+
+def specialist_table(config, runs: dict[tuple[str, int], list[list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per configuration: each seed's :func:`specialist_numbers`, the mean over seeds of each with its 95% interval,
+    and the change of unseen-family and all-family pass@1 against the baseline configuration, paired by seed."""
+    baseline = config.configurations[0]
+    per_config: dict[str, Any] = {}
+    numbers = {(c, s): specialist_numbers(config, runs[(c, s)]) for c in config.configurations for s in config.seeds}
+    for c in config.configurations:
+        seeds = {str(s): numbers[(c, s)] for s in config.seeds}
+        keys = sorted({k for v in seeds.values() for k, x in v.items() if x is not None})
+        row: dict[str, Any] = {"seeds": seeds}
+        for key in keys:
+            row[key] = _ci([v[key] for v in seeds.values() if v.get(key) is not None])
+        for part in ("unseen", "all"):
+            end = f"pass1_{part}_end"
+            diffs = [numbers[(c, s)][end] - numbers[(baseline, s)][end] for s in config.seeds
+                     if numbers[(c, s)].get(end) is not None and numbers[(baseline, s)].get(end) is not None]
+            row[f"{end}_vs_baseline"] = _ci(diffs) if c != baseline else None
+            gains = [numbers[(c, s)][end] - numbers[(c, s)][f"pass1_{part}_start"] for s in config.seeds
+                     if numbers[(c, s)].get(end) is not None and numbers[(c, s)].get(f"pass1_{part}_start") is not None]
+            row[f"pass1_{part}_gain"] = _ci(gains)
+        per_config[c] = row
+    return {"baseline": baseline, "node_families": [config.node_families[k % len(config.node_families)]
+                                                    for k in range(config.nodes)], "configurations": per_config}
+
+
+def _signed(v: dict[str, float | None] | None, digits: int = 3) -> str:
+    if not v:
+        return "—"
+    return f"{v['mean']:+.{digits}f}" + (f" ± {v['ci95']:.{digits}f}" if v["ci95"] is not None else "")
+
+
+def _specialist_lines(results: dict[str, Any]) -> list[str]:
+    spec = results["specialists"]
+    base = spec["baseline"]
+    lines = ["", "Specialists: node k draws its own questions from " + ", ".join(
+        f"{k}: `{f}`" for k, f in enumerate(spec["node_families"])) + "; held-out pass@1 on the families a node never "
+        "draws itself (unseen) and on all families, mean over nodes (mean ± 95% CI over seeds; changes paired by seed):",
+        "", f"| I / J | unseen: start | unseen: end | unseen: change | unseen end vs {base} | all: end | "
+        f"all end vs {base} | own families: end | external groups / round | external weight |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for c, row in spec["configurations"].items():
+        def cell(key: str, digits: int = 3) -> str:
+            v = row.get(key)
+            return _fmt(v["mean"], v["ci95"], digits) if v else "—"
+        lines.append(f"| {c} | {cell('pass1_unseen_start')} | {cell('pass1_unseen_end')} | {_signed(row.get('pass1_unseen_gain'))} | "
+                     f"{_signed(row.get('pass1_unseen_end_vs_baseline')) if c != base else '—'} | {cell('pass1_all_end')} | "
+                     f"{_signed(row.get('pass1_all_end_vs_baseline')) if c != base else '—'} | {cell('pass1_own_end')} | "
+                     f"{cell('external_used_per_round', 2)} | {cell('external_weight_mean', 2)} |")
+    return lines
+
+
 def _fmt(mean: float | None, ci: float | None, digits: int = 2) -> str:
     if mean is None:
         return "—"
@@ -147,6 +236,8 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
               "The paper's column is over 8 nodes × 2000 rounds of Qwen2.5-0.5B, so only the ratios compare."]
     if "by_model" in results:
         lines += _by_model_lines(results)
+    if "specialists" in results:
+        lines += _specialist_lines(results)
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -214,17 +305,61 @@ def plot_eval(config, runs, path: Path) -> None:
     plt.close(fig)
 
 
+def unseen_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rounds with a held-out evaluation by family, and [seeds, those rounds] of pass@1 on the families each
+    node does not draw itself (its mean over those families), averaged over nodes."""
+    mix = [f.name for f in config.tasks.resolved_families()]
+    curves = np.full((len(config.seeds), config.nodes, config.rounds + 1), np.nan)
+    for si, s in enumerate(config.seeds):
+        for k, rows in enumerate(runs[(configuration, s)]):
+            unseen = [f for f in mix if f not in set(config.node_tasks(k).draw_families or mix)]
+            for r in rows:
+                values = [r["eval_by_family"][f] for f in unseen if f in (r.get("eval_by_family") or {})]
+                if values and 0 <= r["round"] <= config.rounds:
+                    curves[si, k, r["round"]] = sum(values) / len(values)
+    have = ~np.all(np.isnan(curves), axis=(0, 1))
+    return np.arange(0, config.rounds + 1)[have], np.nanmean(curves[:, :, have], axis=1)
+
+
+def plot_unseen(config, runs, path: Path) -> None:
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for c in config.configurations:
+        x, per_seed = unseen_series(config, runs, c)
+        if not len(x):
+            continue
+        ax.plot(x, np.nanmean(per_seed, axis=0), marker="o", ms=3, label=c)
+        if per_seed.shape[0] > 1:
+            ax.fill_between(x, np.nanmin(per_seed, axis=0), np.nanmax(per_seed, axis=0), alpha=0.15)
+    ax.set_xlabel("round")
+    ax.set_ylabel("held-out pass@1 on unseen families")
+    ax.set_title("Specialists: pass@1 on the families a node never draws\n(mean over nodes; band: range over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(title="I / J")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_report(config, runs, paper: dict[str, float], wall_seconds: float | None = None) -> dict[str, Any]:
     out = Path(config.out)
     results = sharing_table(config, runs, paper)
     if config.node_models:
         results["by_model"] = by_model(config, runs)
+    if config.node_families:
+        results["specialists"] = specialist_table(config, runs)
     results["settings"] = {"nodes": config.nodes, "rounds": config.rounds, "model": config.model.name,
                            "node_models": [config.node_model(k) for k in range(config.nodes)],
+                           "node_families": [config.node_families[k % len(config.node_families)]
+                                             for k in range(config.nodes)] if config.node_families else [],
+                           "scenario": config.scenario, "tasks": [f.name for f in config.tasks.resolved_families()],
                            "group_size": config.generation.group_size, "seeds": config.seeds}
     results["wall_seconds"] = wall_seconds
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write_markdown(config, results, out / "results.md")
     plot_reward(config, runs, out / "reward.png")
     plot_eval(config, runs, out / "eval.png")
+    if config.node_families:
+        plot_unseen(config, runs, out / "unseen.png")
     return results

@@ -69,20 +69,20 @@ class GRPOSection(StrictModel):
                                  "it a group whose replies are all wrong has no advantage, however many lost the format")
     external_weight: ExternalWeight = Field(
         "truncated", description="importance weight for external completions: truncated = min(1, their likelihood "
-        "under this node relative to its own completions'), or none (the reference behaviour; with it a sharing "
-        "node lost the answer format within 50 rounds at the default learning rate)")
+        "under this node relative to its own completions'), or none (the reference behaviour). With none, a sharing "
+        "node lost the answer format within 50 rounds at the default learning rate")
     truncated_reward: Literal["task", "zero"] = Field(
         "task", description="training reward of a completion that reached --generation.max-new-tokens without "
         "ending: task = what its answer earns, like any other; zero = 0 and no format bonus, and it is trained "
         "without an appended EOS (a reply has to end to count). Never part of reward_own")
     shuffle_advantages: bool = Field(
         False, description="control experiment, not training: permute each group's advantages among its completions "
-        "before the update (own and external groups alike), so the update sees the same advantages with no link to "
-        "what each completion says; what such a run gains, the reward did not cause")
+        "before the update (own and external groups alike). The update then sees the same advantages with no link to "
+        "what each completion says, so what such a run gains, the reward did not cause")
     reward: RewardMode = Field(
         "correct", description="correct = 1 for a reply the task scores in full, else 0; task = the task's score, "
-        "partial credit included (reasoning-gym's arithmetic families give len(answer)/len(reply) to a wrong reply "
-        "that contains the answer, which a weak policy is rewarded for more often than for correct answers)")
+        "partial credit included. Reasoning-gym's arithmetic families give len(answer)/len(reply) to a wrong reply "
+        "that contains the answer, which a weak policy is rewarded for more often than for correct answers")
 
 
 class SharingSection(StrictModel):
@@ -115,17 +115,46 @@ class SAPOConfig(SAPOSettings):
 
 
 class NodeModels(StrictModel):
-    """The option of the commands that start several nodes: which model each begins from."""
+    """The options of the commands that start several nodes: which model each begins from, and which families of
+    the task mix each draws its own questions from."""
 
     node_models: list[str] = Field(default_factory=list, description=(
         "model of node k = node_models[k % len] (a heterogeneous swarm), each a preset, directory, .gguf file or hub "
         "id, warm-started as model.name would be; empty = model.name for all"))
+    node_families: list[str] = Field(default_factory=list, description=(
+        "families node k draws its own questions from = node_families[k % len], each one family of the task mix or "
+        "several joined by '+' (specialist nodes; every node still evaluates on and accepts every family of the "
+        "mix); empty = tasks.draw_families for all"))
 
-    _node_models = field_validator("node_models", mode="before")(parse_list)
+    _node_lists = field_validator("node_models", "node_families", mode="before")(parse_list)
+
+    @model_validator(mode="after")
+    def _families_in_mix(self) -> "NodeModels":
+        for k in range(len(self.node_families)):
+            self.node_tasks(k)  # raises, naming the family and the mix, for a family the mix does not have
+        return self
 
     def node_model(self, k: int) -> str:
         """The model node ``k`` begins from."""
         return self.node_models[k % len(self.node_models)] if self.node_models else self.model.name
+
+    def node_tasks(self, k: int) -> TaskConfig:
+        """Node ``k``'s task config: the run's, drawing its own questions from its ``node_families`` entry."""
+        if not self.node_families:
+            return self.tasks
+        families = [f for f in self.node_families[k % len(self.node_families)].split("+") if f]
+        mix = [f.name for f in self.tasks.resolved_families()]
+        unknown = [f for f in families if f not in mix]
+        if unknown or not families:
+            raise ValueError(f"node_families: '{self.node_families[k % len(self.node_families)]}' names a family not "
+                             f"in the task mix; allowed: {', '.join(mix)} (several joined by '+')")
+        return self.tasks.model_copy(update={"draw_families": families})
+
+    def node_config(self, k: int):
+        """This run's settings as node ``k`` sees them: its own model (:meth:`node_model`) and tasks
+        (:meth:`node_tasks`)."""
+        config = with_model(self, self.node_model(k)) if self.node_models else self
+        return config.model_copy(update={"tasks": self.node_tasks(k)}) if self.node_families else config
 
 
 def with_model(config: SAPOSettings, name: str):

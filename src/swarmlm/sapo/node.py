@@ -88,7 +88,9 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
     m = config.model
     if m.warmstart == "never" or (m.warmstart == "auto" and m.name not in PRESETS):
         return m.name
-    ws = WarmstartConfig(model=m.name, tasks=config.tasks, steps=m.warmstart_steps, seed=m.warmstart_seed,
+    # the warm start learns the whole mix: a specialist node (tasks.draw_families) starts where every node does
+    tasks = config.tasks.model_copy(update={"draw_families": []})
+    ws = WarmstartConfig(model=m.name, tasks=tasks, steps=m.warmstart_steps, seed=m.warmstart_seed,
                          schedule=m.warmstart_schedule)
     return str(warmstart(ws, progress=progress))
 
@@ -317,22 +319,26 @@ class SAPONode:
         return stats
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, Any]:
         """pass@1 on the fixed held-out set, with greedy decoding: the share of questions answered correctly (full
-        marks from the task's scorer; partial credit counts as wrong)."""
+        marks from the task's scorer; partial credit counts as wrong), as ``eval_pass1``, and per task family as
+        ``eval_by_family`` (what a specialist node knows of the families it does not draw)."""
         g = self.config.generation
         generated = self.engine.generate(self._prompt_ids([q.question for q in self.eval_set]),
                                          num_completions=1, max_new_tokens=g.max_new_tokens, max_batch=g.max_batch, greedy=True)
         scores = self._score_own(self.eval_set, [gen.texts for gen in generated])
-        return sum(is_correct(s[0]) for s in scores) / len(scores)
+        right: dict[str, list[bool]] = {}
+        for q, s in zip(self.eval_set, scores):
+            right.setdefault(q.family, []).append(is_correct(s[0]))
+        return {"eval_pass1": sum(map(sum, right.values())) / len(scores),
+                "eval_by_family": {f: sum(v) / len(v) for f, v in sorted(right.items())}}
 
     def evaluate_start(self) -> None:
         """Log held-out pass@1 before any update as the ``round: 0`` row, so that every run shows its starting
         point (once: a resumed run has it already)."""
         if self.round > 0 or any(r.get("round") == 0 for r in self.metrics.records()):
             return
-        self.metrics.log({"round": 0, "node": self.node_id, "eval_pass1": self.evaluate(),
-                          "cumulative_reward_own": 0.0})
+        self.metrics.log({"round": 0, "node": self.node_id, **self.evaluate(), "cumulative_reward_own": 0.0})
 
     def _mean_task_reward(self, groups: list[ScoredGroup]) -> float | None:
         """The mean task reward of external groups' completions (None for no group)."""
@@ -363,7 +369,7 @@ class SAPONode:
         cfg = self.config
         is_last = round == cfg.rounds
         do_eval = is_last or (cfg.eval_every > 0 and round % cfg.eval_every == 0)
-        eval_pass1 = self.evaluate() if do_eval else None
+        evaluation = self.evaluate() if do_eval else {"eval_pass1": None}
         all_completions = [c for gen in own.generated for c in gen.completion_ids]
         record = {
             "round": round,
@@ -371,7 +377,7 @@ class SAPONode:
             "reward_own": reward_own,
             "reward_external": self._mean_task_reward(chosen),
             "reward_external_pool": self._mean_task_reward(pool),
-            "eval_pass1": eval_pass1,
+            **evaluation,
             **train_stats,
             "lr": self.optimizer.param_groups[0]["lr"],
             "external_used": len(chosen),

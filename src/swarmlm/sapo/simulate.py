@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from swarmlm.config import dump_config
 from swarmlm.runtime.interrupts import graceful_interrupt
-from swarmlm.sapo.config import SimulateConfig, with_model
+from swarmlm.sapo.config import SimulateConfig
 from swarmlm.sapo.node import SAPONode, initial_model_paths
 from swarmlm.sapo.summary import node_dir, provenance, run_summary, write_summary
 from swarmlm.sapo.transports.in_process import InProcessHub
@@ -26,16 +26,11 @@ from swarmlm.tasks import Verifier
 log = logging.getLogger(__name__)
 
 
-def _node(config: SimulateConfig, k: int) -> SimulateConfig:
-    """Node ``k``'s settings: the run's, with its own model in a heterogeneous run."""
-    return with_model(config, config.node_model(k)) if config.node_models else config
-
-
 def _run_in_process(config: SimulateConfig, initials: dict[str, str], progress: bool) -> bool:
     hub = InProcessHub(config.nodes)
     verifier = Verifier(config.tasks)  # the nodes share one task config, so one pool of scoring workers serves them all
     try:
-        nodes = [SAPONode(_node(config, k), k, hub.endpoint(f"node-{k}"), node_dir(config.out, k),
+        nodes = [SAPONode(config.node_config(k), k, hub.endpoint(f"node-{k}"), node_dir(config.out, k),
                           initials[config.node_model(k)], verifier=verifier)
                  for k in range(config.nodes)]
     except BaseException:
@@ -79,7 +74,7 @@ def torch_worker(config_json: str, initials: dict[str, str]) -> int:
     rank, world = init_process_group(timeout_s=max(60.0, config.sharing.collect_timeout * 4))
     if world != config.nodes:
         raise RuntimeError(f"world size {world} differs from nodes={config.nodes}")
-    node = SAPONode(_node(config, rank), rank, TorchDistributedTransport(), node_dir(config.out, rank),
+    node = SAPONode(config.node_config(rank), rank, TorchDistributedTransport(), node_dir(config.out, rank),
                     initials[config.node_model(rank)])
     try:
         node.evaluate_start()

@@ -62,8 +62,10 @@ def lr_factor(step: int, *, steps: int, schedule: str) -> float:
 
 def warmstart_key(config: WarmstartConfig) -> str:
     # Neither the held-out set's size nor the verifier's limits nor the families scored for peers change what the
-    # warm start learns.
-    settings = config.model_dump(mode="json", exclude={"out": True, "tasks": {"eval_size", "verifier", "allow_families"}})
+    # warm start learns; draw_families does when it is set (and is left out when empty, so that the keys of warm
+    # starts made before it existed still hold).
+    ignored = {"eval_size", "verifier", "allow_families"} | (set() if config.tasks.draw_families else {"draw_families"})
+    settings = config.model_dump(mode="json", exclude={"out": True, "tasks": ignored})
     blob = json.dumps({"v": WARMSTART_VERSION, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -26,11 +26,11 @@ from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 
 log = logging.getLogger(__name__)
 
-_LAUNCHER_ONLY = {"nodes", "node_models", "node_group_sizes", "threads_per_node", "startup_wait"}
+_LAUNCHER_ONLY = {"nodes", "node_models", "node_families", "node_group_sizes", "threads_per_node", "startup_wait"}
 
 
 def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
-    """Each node's own configuration: the swarm's options, its directory, identity, seed, model and L."""
+    """Each node's own configuration: the swarm's options, its directory, identity, seed, model, families and L."""
     base = config.model_dump(mode="json", exclude=_LAUNCHER_ONLY)
     out = []
     for k in range(config.nodes):
@@ -40,6 +40,7 @@ def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
         if data["swarm"]["start_peers"] == 0:  # start training together, not one after another
             data["swarm"].update(start_peers=config.nodes - 1, start_wait=config.startup_wait)
         data["model"]["name"] = config.node_model(k)
+        data["tasks"]["draw_families"] = config.node_tasks(k).draw_families
         if config.node_group_sizes:
             data["generation"]["group_size"] = config.node_group_sizes[k % len(config.node_group_sizes)]
         out.append(SwarmNodeConfig.model_validate(data))
