@@ -19,15 +19,12 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import reasoning_gym
 from pydantic import Field, field_validator, model_validator
-from reasoning_gym.factory import DATASETS
 
-from swarmlm.config import StrictModel
+from swarmlm.config import StrictModel, parse_list
 from swarmlm.tasks.provenance import DATASET_SIZE as _DATASET_SIZE
 from swarmlm.tasks.provenance import (EVAL_SEED, STREAM_STRIDE, TRAIN_SEED, Provenance, config_digest, stream_draw,
                                       stream_index)
-from swarmlm.tasks.safe_scorers import scorer_for
 from swarmlm.tasks.scorer_audit import allowed_families, audit_of
 
 __all__ = ["EVAL_SEED", "STREAM_STRIDE", "AllowedFamily", "FamilySpec", "Question", "TaskConfig", "TaskSource",
@@ -35,6 +32,10 @@ __all__ = ["EVAL_SEED", "STREAM_STRIDE", "AllowedFamily", "FamilySpec", "Questio
 
 
 def _known_family(name: str) -> str:
+    # reasoning-gym is imported here, when a config naming a family is validated for a run, not when this module is
+    # imported (it takes seconds, and the command line's --help needs only the fields)
+    from reasoning_gym.factory import DATASETS
+
     if name not in DATASETS:
         raise ValueError(f"unknown reasoning-gym dataset '{name}'; some known ones: {', '.join(sorted(DATASETS)[:12])}, …")
     return name
@@ -53,23 +54,29 @@ class FamilySpec(StrictModel):
         return _known_family(name)
 
 
+def _preset(name: str, **config: Any) -> FamilySpec:
+    """A family of the built-in mixes below, built without validation so that importing this module does not import
+    reasoning-gym (tests/test_config.py checks that every preset validates)."""
+    return FamilySpec.model_construct(name=name, config=config)
+
+
 # The default mix: one-digit arithmetic, which a model of a few million parameters partly learns in a 10-minute warm
 # start (greedy pass@1 about 0.3, with 60% of 8-completion groups holding both a right and a wrong answer: the groups
 # GRPO learns from).
 ARITHMETIC_FAMILIES = [
-    FamilySpec(name="chain_sum", config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
-    FamilySpec(name="basic_arithmetic", config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1,
-                                                    operators=["+", "-"], allow_parentheses=False, allow_negation=False)),
-    FamilySpec(name="products", config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
+    _preset("chain_sum", min_terms=2, max_terms=2, min_digits=1, max_digits=1),
+    _preset("basic_arithmetic", min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-"],
+            allow_parentheses=False, allow_negation=False),
+    _preset("products", min_terms=2, max_terms=2, min_digits=1, max_digits=1),
 ]
 
 # The arithmetic mix and reversing short words. Such a model does not learn spell_backward in its warm start (greedy
 # pass@1 0.00-0.02 after 1000 steps), so a quarter of its groups carry no signal.
-EASY_FAMILIES = ARITHMETIC_FAMILIES + [FamilySpec(name="spell_backward", config=dict(min_word_len=3, max_word_len=4))]
+EASY_FAMILIES = ARITHMETIC_FAMILIES + [_preset("spell_backward", min_word_len=3, max_word_len=4)]
 
 # The nine families of the SAPO paper, sampled uniformly, with reasoning-gym's default settings.
 PAPER_FAMILIES = [
-    FamilySpec(name=n) for n in (
+    _preset(n) for n in (
         "base_conversion", "basic_arithmetic", "arc_1d", "bf", "propositional_logic",
         "fraction_simplification", "decimal_arithmetic", "calendar_arithmetic", "binary_matrix")
 ]
@@ -120,8 +127,12 @@ class TaskConfig(StrictModel):
     preset: Literal["arithmetic", "easy", "paper"] = Field(
         "arithmetic", description="named task mix, used when 'families' is empty")
     families: list[FamilySpec] = Field(default_factory=list, description="explicit mix; overrides 'preset'")
-    eval_size: int = Field(256, ge=1, description="questions in the fixed held-out evaluation set (near pass@1 0.35 "
-                           "the standard error of 256 is 0.03, of 64 0.06)")
+    draw_families: list[str] = Field(default_factory=list, description=(
+        "the families of the mix this node draws its own questions from, by their weights (a specialist node); "
+        "empty = all of them. The node still evaluates on, scores and accepts from peers every family of the mix"))
+    _draw_families = field_validator("draw_families", mode="before")(parse_list)
+    eval_size: int = Field(256, ge=1, description="questions in the fixed held-out evaluation set. Near pass@1 0.35 "
+                           "the standard error of 256 is 0.03, of 64 0.06")
     allow_families: list[AllowedFamily] = Field(
         default_factory=list, description="families scored for peers besides the node's own mix (name and config); "
         "records of any other family are dropped as foreign_family")
@@ -137,6 +148,11 @@ class TaskConfig(StrictModel):
         for extra in self.allow_families:
             if extra.name in names:
                 raise ValueError(f"allow_families: '{extra.name}' is already in the task mix")
+        for name in self.draw_families:
+            if name not in names:
+                raise ValueError(f"draw_families: '{name}' is not in the task mix; allowed: {', '.join(names)}")
+        if len(set(self.draw_families)) != len(self.draw_families):
+            raise ValueError(f"draw_families: a family appears twice: {', '.join(self.draw_families)}")
         return self
 
     def resolved_families(self) -> list[FamilySpec]:
@@ -165,6 +181,8 @@ class Question:
 
 
 def _create(spec: FamilySpec, seed: int, size: int = _DATASET_SIZE):
+    import reasoning_gym
+
     return reasoning_gym.create_dataset(spec.name, seed=seed, size=size, **spec.config)
 
 
@@ -180,17 +198,20 @@ class TaskSource:
         self.config = config
         self.stream = stream
         self.families = config.resolved_families()
-        total = sum(f.weight for f in self.families)
-        self._cumulative = [sum(f.weight for f in self.families[: i + 1]) / total for i in range(len(self.families))]
+        drawn = [f for f in self.families if f.name in config.draw_families] if config.draw_families else self.families
+        total = sum(f.weight for f in drawn)
+        self._drawn = drawn
+        self._cumulative = [sum(f.weight for f in drawn[: i + 1]) / total for i in range(len(drawn))]
         self._datasets = {f.name: _create(f, seed=TRAIN_SEED) for f in self.families}
         self._digests = {f.name: config_digest(f.name, f.config) for f in self.families}
         self._scored = config.scored_families()
         self._scoring_datasets: dict[str, Any] = {}
 
     def family_at(self, round: int, slot: int) -> str:
-        """The family of question ``slot`` of global round ``round``, drawn by weight (without generating it)."""
+        """The family of question ``slot`` of global round ``round``, drawn by weight among ``draw_families``
+        (without generating it)."""
         u = stream_draw(self.stream, round, slot, "family") / 2.0**64
-        return next((f for f, edge in zip(self.families, self._cumulative) if u < edge), self.families[-1]).name
+        return next((f for f, edge in zip(self._drawn, self._cumulative) if u < edge), self._drawn[-1]).name
 
     def question(self, round: int, slot: int) -> Question:
         """Question ``slot`` of global round ``round``: the family by weight, then the family's item."""
@@ -209,6 +230,10 @@ class TaskSource:
         ValueError for a family this node does not score."""
         if family not in self._scored:
             raise ValueError(f"family '{family}' is not scored by this node")
+        import reasoning_gym
+
+        from swarmlm.tasks.safe_scorers import scorer_for
+
         dataset = self._datasets.get(family) or self._scoring_datasets.get(family)
         if dataset is None:
             dataset = self._scoring_datasets[family] = reasoning_gym.create_dataset(
