@@ -675,3 +675,15 @@ def test_node_shuffle_advantages_trains_the_same_advantages_on_other_completions
         assert sorted(got) == pytest.approx(sorted(expected[k]))
     assert [s.advantage for s in b] != pytest.approx([s.advantage for s in a])
     assert [s.advantage for s in b] == [s.advantage for s in shuffled._samples(own, rewards, external)]  # seeded
+
+
+def test_external_loss_share_is_the_external_samples_share_of_weighted_advantage_mass():
+    from swarmlm.sapo.batching import TrainSample
+    from swarmlm.sapo.update import external_loss_share
+
+    own = [TrainSample([1], [5, 6, 7], 0.5), TrainSample([1], [5], -0.5)]  # mass 0.5 * 3 + 0.5 * 1 = 2
+    ext = [TrainSample([1], [5, 6], 1.0, external=True, weight=0.25),  # 0.25 * 1 * 2 = 0.5
+           TrainSample([1], [5, 6, 7, 8], -2.0, external=True, weight=0.75)]  # 0.75 * 2 * 4 = 6
+    assert external_loss_share(own + ext) == pytest.approx(6.5 / 8.5)
+    assert external_loss_share(own) == 0.0
+    assert external_loss_share([TrainSample([1], [5], 0.0)]) is None  # nothing has an advantage

@@ -94,7 +94,8 @@ def _node(own_start, own_end, unseen_start, unseen_end):
     def row(r, own, unseen):
         by = {"chain_sum": own, "basic_arithmetic": unseen[0], "products": unseen[1]}
         return {"round": r, "eval_pass1": (own + sum(unseen)) / 3, "eval_by_family": by}
-    return [row(0, own_start, unseen_start), {"round": 1, "reward_own": 0.5, "external_used": 2, "external_weight": 0.5},
+    return [row(0, own_start, unseen_start), {"round": 1, "reward_own": 0.5, "external_used": 2, "external_weight": 0.5,
+                                         "external_loss_share": 0.25},
             {"round": 2, "reward_own": 0.5, "external_used": 4, **row(2, own_end, unseen_end)}]
 
 
@@ -111,6 +112,7 @@ def test_specialist_figures_match_hand_computation():
     assert got["pass1_own_start"] == pytest.approx(0.4) and got["pass1_own_end"] == pytest.approx(0.5)
     assert got["pass1_all_start"] == pytest.approx(((0.5 + 0.6) / 3 + (0.3 + 0.2) / 3) / 2)
     assert got["external_used_per_round"] == pytest.approx(3.0) and got["external_weight_mean"] == pytest.approx(0.5)
+    assert got["external_loss_share_mean"] == pytest.approx(0.25)
     low = _node(0.5, 0.5, (0.2, 0.4), (0.2, 0.4))
     runs = {("2/0", 0): [low, low], ("2/0", 1): [low, low], ("1/1", 0): [a, b], ("1/1", 1): [b, a]}
     table = specialist_table(cfg, runs)["configurations"]

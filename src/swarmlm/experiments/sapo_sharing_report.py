@@ -65,8 +65,10 @@ def specialist_numbers(config, nodes: list[list[dict[str, Any]]]) -> dict[str, A
     # what sharing carried: external groups trained per round and how much their completions counted
     used = [r.get("external_used", 0) for rows in nodes for r in rows if r.get("round", 0) >= 1]
     weights = [r["external_weight"] for rows in nodes for r in rows if r.get("external_weight") is not None]
+    shares = [r["external_loss_share"] for rows in nodes for r in rows if r.get("external_loss_share") is not None]
     out["external_used_per_round"] = _mean(used)
     out["external_weight_mean"] = _mean(weights)
+    out["external_loss_share_mean"] = _mean(shares)
     return out
 
 
@@ -108,8 +110,8 @@ def _specialist_lines(results: dict[str, Any]) -> list[str]:
         f"{k}: `{f}`" for k, f in enumerate(spec["node_families"])) + "; held-out pass@1 on the families a node never "
         "draws itself (unseen) and on all families, mean over nodes (mean ± 95% CI over seeds; changes paired by seed):",
         "", f"| I / J | unseen: start | unseen: end | unseen: change | unseen end vs {base} | all: end | "
-        f"all end vs {base} | own families: end | external groups / round | external weight |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        f"all end vs {base} | own families: end | external groups / round | external weight | external share of "
+        "the update |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, row in spec["configurations"].items():
         def cell(key: str, digits: int = 3) -> str:
             v = row.get(key)
@@ -117,7 +119,8 @@ def _specialist_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"| {c} | {cell('pass1_unseen_start')} | {cell('pass1_unseen_end')} | {_signed(row.get('pass1_unseen_gain'))} | "
                      f"{_signed(row.get('pass1_unseen_end_vs_baseline')) if c != base else '—'} | {cell('pass1_all_end')} | "
                      f"{_signed(row.get('pass1_all_end_vs_baseline')) if c != base else '—'} | {cell('pass1_own_end')} | "
-                     f"{cell('external_used_per_round', 2)} | {cell('external_weight_mean', 2)} |")
+                     f"{cell('external_used_per_round', 2)} | {cell('external_weight_mean', 2)} | "
+                     f"{cell('external_loss_share_mean', 2)} |")
     return lines
 
 

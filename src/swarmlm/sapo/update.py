@@ -34,6 +34,15 @@ from swarmlm.sapo.config import GRPOSection
 from swarmlm.sapo.grpo import grpo_loss
 
 
+def external_loss_share(samples: list[TrainSample]) -> float | None:
+    """The external samples' share of the policy-gradient term's mass, sum |weight * advantage| over a sample's
+    completion tokens: at one pass and one step the gradient is -sum_i w_i A_i grad log p_i over tokens / N, so
+    this is how much of the round's update other nodes' text directs. None when no sample has an advantage."""
+    mass = [(s.external, abs(s.weight * s.advantage) * s.num_completion_tokens) for s in samples]
+    total = sum(m for _, m in mass)
+    return sum(m for ext, m in mass if ext) / total if total > 0 else None
+
+
 def truncated_external_weights(samples: list[TrainSample], old: list[torch.Tensor]) -> None:
     """Set each external sample's ``weight`` to ``min(1, exp(mean logp(ext) - mean logp(own)))`` (in place)."""
     own = [lp.mean() for s, lp in zip(samples, old) if not s.external and lp.numel()]
@@ -153,5 +162,6 @@ class GRPOUpdate:
         external = [s.weight for s, t in zip(samples, trains) if s.external and t]
         if external:  # how much the external completions that trained counted (1 each without truncated weights)
             out["external_weight"] = sum(external) / len(external)
+        out["external_loss_share"] = external_loss_share(samples)
         return out
 
