@@ -124,17 +124,21 @@ def config_page(command: Any) -> str:
     """The reference page of one command's options."""
     model = load_model(command.config)
     name = " ".join(command.path)
+    sections = config_rows(model)
+    example = next((f"{row[0]} VALUE" for _, rows, _ in sections for row in rows if row[1] != "bool"), None)
+    if example is None:
+        return "\n".join([f"# `swarmlm {name}`", "", _escape(command.help) + ".", "", f"`swarmlm {name}` takes no options.", ""])
     lines = [
         f"# `swarmlm {name}`",
         "",
         _escape(command.help) + ".",
         "",
-        f"Every option is a flag (`swarmlm {name} --rounds 20`) and a field of the YAML file given by `--config`",
+        f"Every option is a flag (`swarmlm {name} {example}`) and a field of the YAML file given by `--config`",
         "(nested options as nested mappings; flags override the file). Generated from the pydantic model "
         f"`{command.config.replace(':', '.')}`; `swarmlm {name} --help` lists the same options.",
         "",
     ]
-    for prefix, rows, doc in config_rows(model):
+    for prefix, rows, doc in sections:
         if prefix:
             lines += [f"## `{_flag(prefix)}*`", ""]
         if doc:
