@@ -64,18 +64,19 @@ AUDIT.update({
         "'1e999999999', 8000-digit and 'sNaN' answers)"),
     "products": FamilyAudit("reasoning_gym", "as chain_sum (utils.compute_decimal_reward)", "as chain_sum"),
     "spell_backward": FamilyAudit(
-        "reasoning_gym", "lower-cases both; 1.0 if equal; else credit per matching leading position of the entry "
-        "answer (0.8 cap)", "loop bounded by the entry answer's length"),
+        "ours", "lower-cases both; 1.0 if equal; else credit per matching leading position of the entry "
+        "answer (0.8 cap)", "LENIENT: the credit is a float sum, so the right word plus junk scores 0.9999999999999999, "
+        "missing the 0.8 cap and passing for full marks. Ours counts matches in integers"),
     "fraction_simplification": FamilyAudit(
-        "reasoning_gym", "regex for \\frac{a}{b} or 'a/b', int() of both parts, compared with metadata "
+        "ours", "regex for \\frac{a}{b} or 'a/b', int() of both parts, compared with metadata "
         "simplified_numerator/denominator (1.0), numerator/denominator (0.1); 0.05 / 0.01 otherwise",
-        "anchored regex without nested quantifiers; int() is capped at 4300 digits by CPython; bare except"),
+        "LENIENT: the pattern is searched, not matched whole, so the fraction plus a trailing '0' or 'x' scores 1.0. "
+        "Ours: reasoning-gym's credit only for an answer that is the fraction and nothing else, else at most 0.01"),
     "decimal_arithmetic": FamilyAudit(
         "ours", "Decimal(answer) - Decimal(entry answer) within 10^-max_num_decimal_places",
-        "no evaluation of text, bounded (Decimal with huge exponents is O(1)), but the subtraction runs in the "
-        "process's current decimal context, which the generator mutates (getcontext().prec = precision): the "
-        "score depended on what ran before. Ours runs reasoning-gym's scorer in a fixed local context with the "
-        "generator's precision"),
+        "LENIENT: full marks within the tolerance (9.7 for 9.701); and the subtraction ran in the process's current "
+        "decimal context, which the generator mutates. Ours: 1.0 only for the exact value (Decimal literals, no "
+        "exponent), 0.5 within the tolerance (computed exactly), else 0"),
     "calendar_arithmetic": FamilyAudit(
         "ours", "weekday tasks: string comparison; counting tasks: int(answer), exp(-5 * relative error); leap "
         "year: case-insensitive comparison",
@@ -105,7 +106,8 @@ AUDIT.update({
     "number_sorting": FamilyAudit(
         "ours", "json.loads of the answer (quotes swapped); the entry answer by json.loads, falling back to "
         "eval(entry answer) - always taken, the reference is a Python list literal; float() comparison, sortedness",
-        "CODE EXECUTION: eval() of the entry's answer field. Ours: bounded literal parser for the reference"),
+        "CODE EXECUTION: eval() of the entry's answer field; LENIENT: each number may be off by 1 (37.9 for 37.0). "
+        "Ours: bounded literal parser for the reference, numbers compared exactly as Decimals"),
     "countdown": FamilyAudit(
         "ours", "float(sympy.parse_expr(answer)); the integers of the answer must be metadata numbers; np.isclose "
         "to metadata target: 1.0 / 0.05 / 0.01",
@@ -134,7 +136,9 @@ AUDIT.update({
         "ours", "float(Fraction(answer)) within 1e-4 of the entry answer: 1.0; else common prefix of the two "
         "values printed with 10 digits over the shorter (so '0' scores 1.0 on '0.234375')",
         "DENIAL OF SERVICE: Fraction('1e999999999') builds a billion-digit integer; '1e400' raises "
-        "OverflowError, uncaught. Ours does not expand exponents beyond +-4000"),
+        "OverflowError, uncaught. LENIENT: '0', '0.' and '0.17' score 1.0 against 0.171875 (prefix rule, "
+        "tolerance). Ours: 1.0 only for the exact value (a decimal or a/b, as Fractions), reasoning-gym's credit "
+        "otherwise at most 0.5, exponents never expanded"),
     "rubiks_cube": FamilyAudit(
         "refused", "expands 'R100000' into 100000 moves and applies them to a cube",
         "DENIAL OF SERVICE: 'R100000' took 11.6 s, longer counts are unbounded"),
@@ -155,19 +159,33 @@ AUDIT.update({
     "sentence_reordering": FamilyAudit("reasoning_gym", "equality, else per-word credit", "linear"),
     "zebra_puzzles": FamilyAudit("reasoning_gym", "case-insensitive equality without newlines", "comparison only"),
     "decimal_chain_sum": FamilyAudit("reasoning_gym", "Decimal(answer) == Decimal(entry answer)", "literal parser, O(1) compare"),
-    "game_of_life_halting": FamilyAudit("reasoning_gym", "bool(answer) == bool(entry answer)", "comparison only"),
-    "number_format": FamilyAudit("reasoning_gym", "float(answer) within 1e-2 of metadata solution", "literal parser"),
+    "game_of_life_halting": FamilyAudit("ours", "bool(answer) == bool(entry answer)",
+                                        "LENIENT: bool('False') is true, so any non-empty answer scores 1.0 when the "
+                                        "answer is True. Ours: 'True' / 'False' (case ignored) compared as booleans"),
+    "number_format": FamilyAudit("ours", "float(answer) within 1e-2 of metadata solution",
+                                 "LENIENT: full marks within 0.01 (578275728.51 for 578275728.514). Ours: 1.0 for the "
+                                 "exact value (Decimal literals), 0.5 within 0.01, else 0"),
     "palindrome_generation": FamilyAudit("reasoning_gym", "palindrome check, sorted letters vs metadata letters", "O(n log n)"),
-    "word_sorting": FamilyAudit("reasoning_gym", "re.split(r',\\s*') of the answer vs metadata sorted_words", "linear regex"),
+    "word_sorting": FamilyAudit("ours", "re.split(r',\\s*') of the answer vs metadata sorted_words",
+                                "LENIENT: credit per right position over the reference's length, so extra words after "
+                                "the right ones score 1.0. Ours: 1.0 only for exactly the words, credit at most 0.5"),
     "tsumego": FamilyAudit("reasoning_gym", "equality, substring credit, anchored regex for 'C4'", "linear"),
     "futoshiki": FamilyAudit("reasoning_gym", "equality per line, else digits per line vs metadata solution", "linear"),
     "sudoku": FamilyAudit("reasoning_gym", "as futoshiki", "linear"),
     "mini_sudoku": FamilyAudit("reasoning_gym", "as futoshiki", "linear"),
     "rectangle_count": FamilyAudit("reasoning_gym", "int(answer) distance to int(entry answer)", "int() capped at 4300 digits"),
-    "time_intervals": FamilyAudit("reasoning_gym", "int() of day / time fields, difference credit", "int() capped; bounded arithmetic"),
+    "time_intervals": FamilyAudit("ours", "int() of day / time fields, difference credit",
+                                  "LENIENT: only the first word of 'D days' and the first fields of a clock are read, "
+                                  "so trailing junk or an extra field scores 1.0. Ours: 1.0 only for the duration "
+                                  "written as the reference is (anchored), credit otherwise at most 0.5"),
     "manipulate_matrix": FamilyAudit("reasoning_gym", "equality, whitespace-normalised equality, substring credit", "split / join only"),
-    "letter_jumble": FamilyAudit("reasoning_gym", "equality, else per-word credit", "linear"),
-    "knights_knaves": FamilyAudit("reasoning_gym", "answer normalised to (name, role) pairs, set comparison", "split / set only"),
+    "letter_jumble": FamilyAudit("ours", "equality, else per-word credit",
+                                 "LENIENT: the per-word credit is a float sum capped at 1.0, so the right words plus "
+                                 "more score 1.0 (or 0.9999999999999999). Ours: integer count, at most 0.5"),
+    "knights_knaves": FamilyAudit("ours", "answer normalised to (name, role) pairs, set comparison",
+                                  "LENIENT: every unknown word is dropped, so junk around the right pairs scores 1.0. "
+                                  "Ours: 1.0 only for clauses '<name> is a <role>' joined by ',' / 'and' and nothing "
+                                  "else, reasoning-gym's credit otherwise at most 0.5"),
     "prime_factorization": FamilyAudit("reasoning_gym", "int() of '×'-separated factors, sorted / product comparison",
                                        "int() capped at 4300 digits; products bounded by the answer length"),
     # ---------------------------------------------------------------- other families: generator unusable for streams
@@ -189,11 +207,19 @@ AUDIT.update({
                                   "json is a literal parser; errors caught"),
     "game_of_life": FamilyAudit("reasoning_gym", "json.loads of answer and entry answer, cell-wise comparison",
                                 "loops bounded by the entry's grid"),
-    "tower_of_hanoi": FamilyAudit("reasoning_gym", "one regex-parsed move per line replayed on pegs", "linear; regex without nested quantifiers"),
-    "advanced_geometry": FamilyAudit("reasoning_gym", "float() of the answer (and of 'x, y'), np.round comparison with the entry",
-                                     "literal parsers only"),
-    "complex_arithmetic": FamilyAudit("reasoning_gym", "complex()/float() of the normalised answer, exp(-distance) to metadata result",
-                                      "literal parsers; bracket stripping is O(n^2) on n <= the answer length"),
+    "tower_of_hanoi": FamilyAudit("ours", "one regex-parsed move per line replayed on pegs",
+                                  "LENIENT: the line pattern is not anchored, so junk before or after each move is "
+                                  "ignored. Ours: full marks only when every non-blank line is exactly one move"),
+    "advanced_geometry": FamilyAudit("refused", "float() of the answer (and of 'x, y'), np.round comparison with the entry",
+                                     "LENIENT: text after ')' and a missing '(' are ignored, values equal after np.round "
+                                     "score 1.0 ('24.63°0' for 24.63°); the right answer is a real number the question "
+                                     "asks to round, and which roundings count as right is not written down, so no "
+                                     "exact scorer of ours replaces it yet"),
+    "complex_arithmetic": FamilyAudit("refused", "complex()/float() of the normalised answer, exp(-distance) to metadata result",
+                                      "LENIENT: the score is exp(-distance) of floats, so an answer off by 1e-11 scores "
+                                      "0.99999999999, full marks by any float threshold; the reference rounds a real "
+                                      "result and its rounding rule is not written down, so no exact scorer of ours "
+                                      "replaces it yet"),
 })
 
 for _name in ("arc_agi", "rearc", "boxnet", "cryptarithm", "graph_color", "gsm_symbolic", "jugs", "kakurasu", "survo",
