@@ -70,8 +70,6 @@ from swarmlm.noloco.config import (
     OuterSection,
     TrainConfig,
 )
-from swarmlm.noloco.replica import rank_dir
-from swarmlm.runtime.metrics import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +332,9 @@ def calibrate(config: CompareConfig, path: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 def load_run(run: TrainConfig) -> dict[int, list[dict[str, Any]]]:
     # One record list per replica; in a pipeline run, stage 0's (rank d × S), which logs the replica's loss.
+    from swarmlm.noloco.replica import rank_dir  # imports torch: not with the config, which --help reads
+    from swarmlm.runtime.metrics import read_jsonl
+
     return {r: read_jsonl(rank_dir(run.out, r * run.stages) / "metrics.jsonl") for r in range(run.nproc)}
 
 

@@ -24,7 +24,6 @@ from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sapo_sharing_report import write_report
 from swarmlm.runtime.metrics import read_jsonl
 from swarmlm.sapo.config import NodeModels, SAPOSettings, SimulateConfig
-from swarmlm.sapo.simulate import run_simulation
 from swarmlm.sapo.summary import node_dir
 
 log = logging.getLogger(__name__)
@@ -110,6 +109,8 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True) -> dict[s
         bar.set_postfix(config=configuration, seed=seed)
         if _finished(run):
             continue
+        from swarmlm.sapo.simulate import run_simulation  # torch and the models: not with the config, which --help reads
+
         summary = run_simulation(run, progress=progress)
         if not summary.get("completed", True):
             raise KeyboardInterrupt  # Ctrl+C inside a run: its checkpoints are saved; rerun to resume

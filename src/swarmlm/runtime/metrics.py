@@ -12,8 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from torch.utils.tensorboard import SummaryWriter
-
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -54,6 +52,8 @@ class MetricsWriter:
             for record in kept:
                 fh.write(json.dumps(record) + "\n")
         self._fh = open(self.path, "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imports torch: here, not with read_jsonl's users
         self._tb = SummaryWriter(str(self.directory / "tensorboard"), purge_step=None if resume_from is None else resume_from + 1) if tensorboard else None
 
     def log(self, record: dict[str, Any]) -> None:

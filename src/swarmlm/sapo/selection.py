@@ -8,7 +8,6 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from swarmlm.sapo.grpo import is_zero_advantage
 from swarmlm.sapo.records import RolloutRecord
 
 SelectionPolicy = Literal["uniform", "first_valid", "top_reward"]
@@ -43,6 +42,8 @@ def select_external(pool: list[ScoredGroup], j: int, policy: SelectionPolicy, rn
     """
     if j <= 0:
         return []
+    from swarmlm.sapo.grpo import is_zero_advantage  # imports torch: not at import, where the configs need this module
+
     valid = [g for g in pool if not is_zero_advantage(g.rewards)]
     if policy == "uniform":
         return rng.sample(valid, min(j, len(valid)))

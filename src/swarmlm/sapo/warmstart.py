@@ -19,15 +19,12 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import Field
-from tqdm.auto import tqdm
 
 from swarmlm.config import StrictModel
-from swarmlm.models import PRESETS, build_preset
 from swarmlm.runtime.cache import cache_root, file_lock
 from swarmlm.runtime.environment import describe_environment
-from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, format_answer
+from swarmlm.tasks.reasoning_gym_tasks import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +68,14 @@ def warmstart_key(config: WarmstartConfig) -> str:
 
 
 def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
+    # torch, transformers (the presets) and reasoning-gym are imported here, not with the config above, which the
+    # command line reads to build its --help
+    import torch
+    from tqdm.auto import tqdm
+
+    from swarmlm.models import build_preset
+    from swarmlm.tasks import TaskSource, build_prompt, format_answer
+
     loaded = build_preset(config.model, seed=config.seed)
     model, tok = loaded.model, loaded.tokenizer
     torch.manual_seed(config.seed)
@@ -124,6 +129,8 @@ def warmstart_info(model_dir: str | Path) -> dict | None:
 
 def warmstart(config: WarmstartConfig, *, progress: bool = True) -> Path:
     """The warm-started model directory for ``config``: from the cache, or trained now (once, under a lock)."""
+    from swarmlm.models import PRESETS
+
     if config.model not in PRESETS:
         raise ValueError(f"warm start is for built-in presets ({', '.join(PRESETS)}), not '{config.model}'")
     out_dir = Path(config.out) if config.out else cache_root() / "warmstart" / f"{config.model}-{warmstart_key(config)}"

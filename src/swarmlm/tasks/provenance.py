@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from reasoning_gym.factory import DATASETS
 
 STREAM_STRIDE = 10_000_019  # > any dataset index: seeds this far apart never share an item
 DATASET_SIZE = STREAM_STRIDE - 1  # the virtual size every training dataset is created with
@@ -78,6 +77,8 @@ def _canonical(value: Any) -> Any:
 
 def resolved_config(family: str, config: dict[str, Any]) -> dict[str, Any]:
     """Every field of the family's reasoning-gym config class, defaults filled in; seed and size left out."""
+    from reasoning_gym.factory import DATASETS  # here, not at import: reasoning-gym takes seconds to import
+
     _, config_cls = DATASETS[family]
     instance = config_cls(**config)
     fields = {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}

@@ -9,21 +9,32 @@ link model (:mod:`.link_model`).
 
 from __future__ import annotations
 
+import importlib
 import logging
-from typing import TYPE_CHECKING
-
-import torch.distributed as dist
-
-from swarmlm.noloco.comm.base import Communicator
-from swarmlm.noloco.comm.emulated import EmulatedCommunicator
-from swarmlm.noloco.comm.exchange import DistributedCommunicator, launch_key
-from swarmlm.noloco.comm.in_process import InProcessHub
-from swarmlm.noloco.comm.link_model import LinkModel
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from swarmlm.noloco.comm.base import Communicator
+    from swarmlm.noloco.comm.emulated import EmulatedCommunicator
+    from swarmlm.noloco.comm.exchange import DistributedCommunicator, launch_key
+    from swarmlm.noloco.comm.in_process import InProcessHub
+    from swarmlm.noloco.comm.link_model import LinkModel
     from swarmlm.noloco.config import NetworkSection
 
 log = logging.getLogger(__name__)
+
+# imported on first use (PEP 562): the link model (:mod:`.link_model`, pure Python) is read by the command line's
+# configs, which must not import torch
+_HOME = {"Communicator": "base", "EmulatedCommunicator": "emulated", "DistributedCommunicator": "exchange",
+         "launch_key": "exchange", "InProcessHub": "in_process", "LinkModel": "link_model"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
 
 
 def make_communicator(network: "NetworkSection", *, rank: int, world_size: int, timeout_s: float,
@@ -33,6 +44,12 @@ def make_communicator(network: "NetworkSection", *, rank: int, world_size: int, 
     Every rank of a torch.distributed run calls it at the same point (it agrees on a launch key)."""
     if hub is not None:
         return hub.communicator(rank)
+    import torch.distributed as dist
+
+    from swarmlm.noloco.comm.emulated import EmulatedCommunicator
+    from swarmlm.noloco.comm.exchange import DistributedCommunicator, launch_key
+    from swarmlm.noloco.comm.link_model import LinkModel
+
     run_key = launch_key(rank, world_size)
     if not network.inject:
         return DistributedCommunicator(rank=rank, world_size=world_size, timeout_s=timeout_s, run_key=run_key)
