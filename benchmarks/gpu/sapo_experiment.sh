@@ -8,10 +8,11 @@
 #   bash benchmarks/gpu/sapo_experiment.sh --dry-run  # the same command at tiny sizes on a CPU, the nodes in one
 #                                                     # process (the test suite runs it)
 #
-# Everything can be changed through the environment: OUT, MODEL, NODES, ROUNDS, CONFIGURATIONS, SEEDS, GROUP_SIZE,
-# MAX_NEW_TOKENS, EVAL_SIZE, LR, DEVICE, DTYPE, and EXTRA (more flags for swarmlm sapo experiment). Outputs:
-# OUT/results.{json,md}, OUT/reward.png, OUT/eval.png, OUT/environment.txt and OUT/experiment.log; the runs under
-# OUT/runs.
+# Everything can be changed through the environment: OUT, SCENARIO (homogeneous, or specialists: node k draws its
+# questions from family k of the mix; benchmarks/gpu/sapo_specialists.sh), MODEL, NODES, ROUNDS, CONFIGURATIONS,
+# SEEDS, GROUP_SIZE, MAX_NEW_TOKENS, EVAL_SIZE, LR, DEVICE, DTYPE, and EXTRA (more flags for swarmlm sapo
+# experiment). Outputs: OUT/results.{json,md}, OUT/reward.png, OUT/eval.png (and OUT/unseen.png for specialists),
+# OUT/environment.txt and OUT/experiment.log; the runs under OUT/runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=benchmarks/gpu/environment.sh
@@ -19,6 +20,7 @@ source benchmarks/gpu/environment.sh
 PY=${PYTHON:-python}
 
 OUT=${OUT:-runs/gpu-sapo-experiment}
+SCENARIO=${SCENARIO:-homogeneous}
 MODEL=${MODEL:-smollm2-135m}
 NODES=${NODES:-4}
 ROUNDS=${ROUNDS:-40}
@@ -44,7 +46,7 @@ record_environment "$OUT" "$PY"
 lr_flag=()
 [[ -n "$LR" ]] && lr_flag=(--grpo.lr "$LR")
 # shellcheck disable=SC2086  # EXTRA is a list of flags
-"$PY" -m swarmlm --log-level WARNING sapo experiment --out "$OUT" --model.name "$MODEL" --model.device "$DEVICE" \
+"$PY" -m swarmlm --log-level WARNING sapo experiment --out "$OUT" --scenario "$SCENARIO" --model.name "$MODEL" --model.device "$DEVICE" \
     --model.dtype "$DTYPE" --nodes "$NODES" --rounds "$ROUNDS" --configurations "$CONFIGURATIONS" --seeds "$SEEDS" \
     --transport "$TRANSPORT" --generation.group-size "$GROUP_SIZE" --generation.max-new-tokens "$MAX_NEW_TOKENS" \
     --tasks.eval-size "$EVAL_SIZE" --eval-every "$EVAL_EVERY" "${lr_flag[@]}" ${EXTRA:-} \

@@ -26,3 +26,17 @@ def test_dry_run_on_cpu(tmp_path):
     assert "transport: in_process" in config and "device: cpu" in config
     for name in ("environment.txt", "results.md", "reward.png", "eval.png", "experiment.log"):
         assert (out / name).exists(), name
+
+
+@pytest.mark.slow
+def test_specialists_dry_run_on_cpu(tmp_path):
+    out = tmp_path / "gpu-specialists"
+    run = dry_run(ROOT / "benchmarks" / "gpu" / "sapo_specialists.sh", out, timeout=900)
+    assert "unseen end vs 2/0" in run.stdout and "total time:" in run.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["scenario"] == "specialists"
+    assert results["settings"]["node_families"] == ["chain_sum", "basic_arithmetic"]
+    for row in results["specialists"]["configurations"].values():
+        for seed in row["seeds"].values():
+            assert 0 <= seed["pass1_unseen_start"] <= 1 and 0 <= seed["pass1_unseen_end"] <= 1
+    assert (out / "unseen.png").exists()
