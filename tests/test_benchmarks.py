@@ -192,6 +192,28 @@ def test_swarm_flood_benchmark_runs(tmp_path, monkeypatch):
     assert 0 <= result["alice_read_rounds"] <= 2 and result["drops"]
 
 
+# ----------------------------------------------------------------------------- intake flood
+def test_intake_flood_benchmark_runs_and_bounds_what_it_tokenizes(tmp_path):
+    """Three senders' genuine records through a real PeerIntake and verifier: every field reported, the round's
+    records capped, and the intake's time measured (the 2 s target is for the full size, not asserted here)."""
+    bench = _load("intake_flood")
+    out = tmp_path / "intake.json"
+    code = bench.main(["--senders", "3", "--message-bytes", "60000", "--completion-chars", "2000", "--group-size", "4",
+                       "--rounds", "2", "--target-seconds", "1000", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["passed"] and len(result["rows"]) == 2
+    assert result["cut_chars"] == 34  # the presets' byte tokenizer at 32 tokens
+    for row in result["rows"]:
+        assert 50_000 < row["message_bytes"] <= 3 * 60_000 and row["records_sent"] >= 3 * 5
+        assert row["records_accepted"] == row["records_sent"] and not row["drops"]  # genuine, within the caps
+        assert 0 < row["intake_seconds"] <= row["accept_seconds"] and row["verify_seconds"] > 0
+    capped = bench.main(["--senders", "3", "--message-bytes", "60000", "--completion-chars", "2000", "--group-size",
+                         "4", "--rounds", "1", "--max-new-tokens", "4096", "--target-seconds", "1000",
+                         "--out", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    assert capped == 0 and row["records_accepted"] == row["records_sent"]  # 2000 characters a completion: no cut
+
+
 def test_gradient_anatomy_classes_tokens_and_runs(tmp_path, capsys):
     """``benchmarks/sapo_gradient_anatomy.py``: the token classes of a completion, by hand, and a tiny run whose
     class shares add up to 1."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -371,3 +372,96 @@ def test_a_nodes_own_completions_take_the_same_safe_path(tmp_path):
     finally:
         node.close()
     assert not canary.exists()
+
+
+class RecordingTokenizer:
+    """A real tokenizer that records the length of every text it is asked to encode."""
+
+    def __init__(self, inner):
+        self.inner, self.lengths = inner, []
+
+    def __call__(self, texts, **kw):
+        self.lengths += [len(t) for t in texts]
+        return self.inner(texts, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_completions_are_cut_by_characters_before_anything_is_tokenized(verifier):
+    """A peer's 8,000-character completions: only what max_new_tokens tokens can span is scanned and tokenized (the
+    byte tokenizer: MAX_NEW + 2 characters), training gets MAX_NEW tokens, and a control token beyond the cut is
+    never read (nor trained)."""
+    tokenizer = RecordingTokenizer(build_byte_tokenizer())
+    node = intake(verifier, tokenizer)
+    assert node.max_chars == MAX_NEW + 2
+    long = lambda q: [format_answer(q.answer or "") + " " * 7900 + "<|endoftext|>", "<answer>no</answer>" + "y" * 7980] * 2  # noqa: E731
+    pool = node.accept([msg("peer-1", records("peer-1", ROUND, long, n=2))], ROUND, plain)
+    assert len(pool) == 2 and node.drops.total() == 0
+    assert tokenizer.lengths and max(tokenizer.lengths) == MAX_NEW + 2
+    assert all(len(ids) == MAX_NEW for g in pool for ids in g.completion_ids)
+    assert [g.scores for g in pool] == [[1.0, 0.0, 1.0, 0.0]] * 2
+
+
+def test_the_round_cap_is_shared_round_robin_across_senders(verifier):
+    """Two trusted flooders send 20 records each beside an honest peer's 3: with room for 9, every sender gets its
+    share before any gets more, whatever the order of arrival (the honest peer's 3 are all taken)."""
+    flood = [msg(p, records(p, ROUND, half_right, n=20)) for p in ("flood-1", "flood-2")]
+    honest = msg("honest", records("honest", ROUND, half_right, n=3))
+    for order in (flood + [honest], [honest] + flood):
+        node = intake(verifier, max_round_records=9)
+        for peer in ("flood-1", "flood-2", "honest"):
+            node.standing.accepted(peer, ROUND - 1)
+        pool = node.accept(order, ROUND, plain)
+        assert Counter(g.record.node_id for g in pool) == {"flood-1": 3, "flood-2": 3, "honest": 3}
+        assert node.drops.counts["round_cap"] == 2 * 20 - 6
+    per_sender = intake(verifier, max_sender_records=4)
+    pool = per_sender.accept(flood + [honest], ROUND, plain)
+    assert Counter(g.record.node_id for g in pool) == {"flood-1": 4, "flood-2": 4, "honest": 3}
+
+
+def test_a_peers_current_round_is_read_before_anyones_future_round(verifier):
+    """Trusted flooders publish at this round and the next; a newcomer only at this round. The next round's
+    records come after every sender's records of this round, so the newcomer is taken even with little room."""
+    node = PeerIntake(swarm=SWARM, node_id="me", limits=RecordLimits(max_round_records=6), verifier=verifier,
+                      tokenizer=build_byte_tokenizer(), max_new_tokens=MAX_NEW, staleness_rounds=2, future_rounds=1,
+                      round_seconds=30.0, drops=DropCounter(), rng=random.Random(0))
+    flooders = ("flood-1", "flood-2")
+    for p in flooders:
+        node.standing.accepted(p, ROUND - 1)
+    ahead = [msg(p, records(p, ROUND + 1, half_right, n=10), round=ROUND + 1) for p in flooders]
+    now = [msg(p, records(p, ROUND, half_right, n=2)) for p in flooders]
+    newcomer = msg("newcomer", records("newcomer", ROUND, half_right, n=2))
+    pool = node.accept(ahead + now + [newcomer], ROUND, plain)
+    assert Counter((g.record.node_id, g.record.round) for g in pool) == {
+        ("flood-1", ROUND): 2, ("flood-2", ROUND): 2, ("newcomer", ROUND): 2}
+    assert node.drops.counts["round_cap"] == 20
+
+
+def test_large_messages_cannot_take_a_small_senders_byte_budget(verifier):
+    """Within one pass of the round's messages the smaller are read first: two untrusted flooders' large messages
+    cannot push a newcomer's small one over max_round_bytes, in any order of arrival."""
+    big = [msg(p, records(p, ROUND, lambda q: [c + " " + "z" * 300 for c in half_right(q)], n=4))
+           for p in ("flood-1", "flood-2")]
+    small = msg("newcomer", records("newcomer", ROUND, half_right, n=1))
+    budget = len(big[0].payload) + len(small.payload) + 10
+    for order in ([*big, small], [small, *big], [big[0], small, big[1]]):
+        node = intake(verifier, max_round_bytes=budget)
+        pool = node.accept(order, ROUND, plain)
+        assert "newcomer" in {g.record.node_id for g in pool}
+        assert node.drops.counts["round_cap"] == 1
+
+
+def test_the_characters_tokenized_per_round_are_capped(verifier):
+    """max_round_chars bounds the characters tokenized in a round (each completion counted after its cut), shared
+    round-robin like the record cap."""
+    cut = MAX_NEW + 2
+    per_record = 4 * cut  # four completions longer than the cut
+    node = intake(verifier, max_round_chars=max(1024, 5 * per_record))
+    wordy = lambda q: [c + " " + "w" * 200 for c in half_right(q)]  # noqa: E731
+    room = node.limits.max_round_chars // per_record
+    pool = node.accept([msg(p, records(p, ROUND, wordy, n=room)) for p in ("peer-1", "peer-2")], ROUND, plain)
+    assert len(pool) == room and Counter(g.record.node_id for g in pool) == {"peer-1": room // 2 + room % 2,
+                                                                             "peer-2": room // 2} or \
+        Counter(g.record.node_id for g in pool) == {"peer-1": room // 2, "peer-2": room // 2 + room % 2}
+    assert node.drops.counts["round_cap"] == room

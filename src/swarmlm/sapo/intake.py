@@ -40,6 +40,7 @@ record it refuses is counted under a reason (``DropCounter``); nothing raises an
 from __future__ import annotations
 
 import hashlib
+from array import array
 import json
 import logging
 import random
@@ -89,7 +90,7 @@ def group_digest(question: Provenance, completion_ids: list[list[int]]) -> bytes
     de-duplicating: honest nodes of a peaked policy send such groups ("<answer>5</answer>" L times) often. The
     question is part of the digest: the same completions for two questions are two groups (short answers such as
     "<answer>5</answer>" are common to many questions), each scored against its own question."""
-    return _digest(question, [b"".join(int(i).to_bytes(4, "big", signed=True) for i in ids) for ids in completion_ids])
+    return _digest(question, [array("q", ids).tobytes() for ids in completion_ids])
 
 
 def text_digest(question: Provenance, texts: list[str]) -> bytes | None:
@@ -161,14 +162,11 @@ def trainable(texts: list[str], tokenizer: PreTrainedTokenizerBase, control: Con
     if any(control.find(t) is not None for t in texts):
         return None
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-    out = []
-    bad = control.ids  # a set: one lookup per id
-    for ids in encoded:
-        ids = list(ids[:max_new_tokens])
-        if not bad.isdisjoint(ids):  # EOS among them, so no completion is cut short by one
-            return None
-        out.append(Trainable(ids, tokenizer.decode(ids, skip_special_tokens=True)))
-    return out
+    kept = [list(ids[:max_new_tokens]) for ids in encoded]
+    if any(not control.ids.isdisjoint(ids) for ids in kept):  # EOS among them, so no completion is cut short by one
+        return None
+    texts = tokenizer.batch_decode(kept, skip_special_tokens=True) if kept else []
+    return [Trainable(ids, text) for ids, text in zip(kept, texts)]
 
 
 #: verifier outcomes that cost the receiver a worker or show a forgery: the sender is penalized

@@ -46,7 +46,7 @@ class RecordLimits(StrictModel):
     max_round_records: int = Field(256, ge=1, description="most records accepted per round from all peers together")
     max_round_bytes: int = Field(16_000_000, ge=1024, description="most message bytes read per round from all peers together")
     max_sender_records: int = Field(64, ge=1, description="most records accepted per round from one peer")
-    max_round_chars: int = Field(4_000_000, ge=1024, description=(
+    max_round_chars: int = Field(1_000_000, ge=1024, description=(
         "most completion characters tokenized per round from all peers together (each completion is first cut to "
         "what max_new_tokens tokens can span)"))
 
