@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from swarmlm.models import build_preset, load_model
 from swarmlm.runtime.checkpoints import (
+    checkpoint_at,
+    checkpoint_steps,
     latest_checkpoint,
     load_optimizer_state,
     load_rng_state,
@@ -121,6 +127,144 @@ def test_resaving_a_step_replaces_it(tmp_path):
     save_checkpoint(tmp_path, 2, state={"v": "first"})
     save_checkpoint(tmp_path, 2, state={"v": "second"})
     assert latest_checkpoint(tmp_path).state["v"] == "second"
+
+
+def _steps_on_disk(directory):
+    return sorted(int(p.name.split("-")[1]) for p in directory.glob("step-*"))
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_retention_keeps_exactly_the_newest_k(tmp_path, keep):
+    for step in (5, 10, 15, 20, 25):
+        save_checkpoint(tmp_path, step, state={"v": step}, keep=keep)
+        assert latest_checkpoint(tmp_path).step == step
+    assert _steps_on_disk(tmp_path) == [5, 10, 15, 20, 25][-keep:]
+    assert checkpoint_steps(tmp_path) == [5, 10, 15, 20, 25][-keep:]
+    # nothing else is left behind: no temporary, trash or old copies
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["latest"] + [f"step-{s:06d}" for s in _steps_on_disk(tmp_path)])
+
+
+def test_keep_zero_keeps_all_and_order_is_by_step_not_name(tmp_path):
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, state={}, keep=0)
+    assert _steps_on_disk(tmp_path) == [1, 2, 3]
+    # past six digits the names no longer sort as numbers: retention still keeps the newest steps
+    save_checkpoint(tmp_path, 999_999, state={}, keep=0)
+    save_checkpoint(tmp_path, 1_000_000, state={}, keep=0)
+    save_checkpoint(tmp_path, 1_000_001, state={}, keep=2)
+    assert _steps_on_disk(tmp_path) == [1_000_000, 1_000_001]
+    assert latest_checkpoint(tmp_path).step == 1_000_001
+    with pytest.raises(ValueError, match="keep"):
+        save_checkpoint(tmp_path, 1_000_002, state={}, keep=-1)
+
+
+def test_a_failed_write_leaves_the_only_checkpoint(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, 1, state={"v": 1}, keep=1)
+    real_save = torch.save
+
+    def failing_save(obj, path, *args, **kwargs):
+        if str(path).endswith("optimizer.pt"):
+            real_save(obj, path, *args, **kwargs)
+            raise OSError("disk full")
+        return real_save(obj, path, *args, **kwargs)
+
+    model = build_preset("tiny-qwen2", seed=0).model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer, state={"v": 2}, keep=1)
+    monkeypatch.setattr(torch, "save", real_save)
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt.step == 1 and ckpt.state["v"] == 1 and checkpoint_steps(tmp_path) == [1]
+    # the next save clears the half-written one and, with keep 1, only then removes step 1
+    save_checkpoint(tmp_path, 2, state={"v": 2}, keep=1)
+    assert _steps_on_disk(tmp_path) == [2] and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_a_kill_while_the_only_checkpoint_is_rewritten_keeps_it(tmp_path, monkeypatch):
+    """keep 1, and the same step saved again (Ctrl+C right after a scheduled checkpoint): killed after the old copy
+    was moved aside and before the new one landed, the old copy is still found, by every reader."""
+    save_checkpoint(tmp_path, 4, state={"v": "first"}, keep=1)
+    real_replace = os.replace
+
+    def killed_at_publish(src, dst):
+        if Path(src).name.startswith(".tmp-step-"):
+            raise KeyboardInterrupt  # the process dies here
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_at_publish)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 4, state={"v": "second"}, keep=1)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not (tmp_path / "step-000004").exists()  # the state the kill left
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.step == 4 and ckpt.state["v"] == "first"
+    assert checkpoint_steps(tmp_path) == [4] and checkpoint_at(tmp_path, 4).state["v"] == "first"
+    # the next save puts the old copy back first, then writes and prunes as usual
+    save_checkpoint(tmp_path, 5, state={"v": 5}, keep=1)
+    assert _steps_on_disk(tmp_path) == [5] and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_kill_while_pruning_leaves_nothing_that_looks_like_a_checkpoint(tmp_path, monkeypatch):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, state={"v": step}, keep=0)
+    real_rmtree = shutil.rmtree
+
+    def killed_mid_delete(path, *args, **kwargs):
+        path = Path(path)
+        if path.exists() and (path / "model").exists() is False and (path / "state.json").exists():
+            (path / "rng.pt").unlink()  # part of it is gone, state.json not yet
+            raise KeyboardInterrupt
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", killed_mid_delete)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 3, state={"v": 3}, keep=1)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    # step 1 was renamed away before its files went: no reader takes the half-deleted directory for a checkpoint
+    assert checkpoint_steps(tmp_path) == [2, 3] and latest_checkpoint(tmp_path).step == 3
+    assert list(tmp_path.glob(".trash-*"))
+    save_checkpoint(tmp_path, 4, state={"v": 4}, keep=1)
+    assert _steps_on_disk(tmp_path) == [4] and not list(tmp_path.glob(".trash-*"))
+
+
+def test_resume_after_retention_is_exact(tmp_path):
+    """Train 6 steps saving each with keep 1, resume from what is left and train 3 more: the same weights and
+    Adam state, bit for bit, as 9 steps without a stop."""
+
+    def batch(step):
+        gen = torch.Generator().manual_seed(100 + step)
+        ids = torch.randint(0, 250, (2, 12), generator=gen)
+        return ids
+
+    def train(model, optimizer, steps):
+        for step in steps:
+            ids = batch(step)
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def fresh():
+        model = build_preset("tiny-qwen2", seed=3).model.train()
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    straight, straight_opt = fresh()
+    train(straight, straight_opt, range(9))
+
+    model, optimizer = fresh()
+    for step in range(6):
+        train(model, optimizer, [step])
+        save_checkpoint(tmp_path, step + 1, model=model, optimizer=optimizer, state={}, keep=1)
+    assert _steps_on_disk(tmp_path) == [6]
+    ckpt = latest_checkpoint(tmp_path)
+    resumed = load_model(str(ckpt.model_dir)).model.train()
+    resumed_opt = torch.optim.Adam(resumed.parameters(), lr=1e-3)
+    load_optimizer_state(ckpt, resumed_opt)
+    train(resumed, resumed_opt, range(ckpt.step, 9))
+    for (name, p), q in zip(straight.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+    for a, b in zip(straight_opt.state_dict()["state"].values(), resumed_opt.state_dict()["state"].values()):
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"]) and torch.equal(a["step"], b["step"])
 
 
 # ----------------------------------------------------------------------------- metrics
