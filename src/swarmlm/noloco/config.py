@@ -155,7 +155,9 @@ class TrainConfig(StrictModel):
     eval_every: int = Field(60, ge=0, description="K: validation loss and perplexity every K steps (0 = only at the end)")
     eval_batches: int = Field(16, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
     checkpoint_every: int = Field(100, ge=0, description="checkpoint every C steps (0 = only at the end and on Ctrl+C)")
-    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept per rank")
+    keep_checkpoints: int = Field(2, ge=0, description=(
+        "checkpoints kept per rank, the newest (0 = all). Ranks resume from the newest step all of them hold, so "
+        "keep 2 or more with several ranks: one killed while the others saved still shares the step before"))
     resume: Literal["auto", "never"] | int = Field(
         "auto", description="auto = continue from the newest checkpoint all ranks hold; never = start over; N = from step N")
     stop_after: int | None = Field(

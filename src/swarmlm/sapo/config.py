@@ -98,6 +98,9 @@ class SAPOSettings(StrictModel):
     rounds: int = Field(100, ge=1, description="rounds to train")
     eval_every: int = Field(10, ge=0, description="held-out pass@1 every E rounds (0 = only at the end)")
     checkpoint_every: int = Field(10, ge=1, description="checkpoint every C rounds (and at the end and on Ctrl+C)")
+    keep_checkpoints: int = Field(1, ge=0, description=(
+        "checkpoints kept per node, the newest (0 = all). An older one is deleted only once the next is complete, "
+        "and a node resumes from its newest, so 1 loses nothing; each holds the model and its Adam state"))
     out: str = Field("runs/sapo", description="output directory")
     model: ModelSection = Field(default_factory=ModelSection)
     generation: GenerationSection = Field(default_factory=GenerationSection)

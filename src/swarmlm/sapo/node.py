@@ -432,7 +432,7 @@ class SAPONode:
         state = {"node_id": self.node_id, "cumulative_reward_own": self.cumulative_reward_own, "slots": list(self._slots),
                  "rng": self.rng.getstate(), "drops": dict(self.drops.counts)}
         return save_checkpoint(self.ckpt_dir, self.round, model=self.model, tokenizer=self.tokenizer,
-                               optimizer=self.optimizer, state=state)
+                               optimizer=self.optimizer, state=state, keep=self.config.keep_checkpoints)
 
     def close(self) -> None:
         self.metrics.close()
