@@ -139,3 +139,41 @@ def test_readme_first_lines_install_what_the_tests_need_and_ci_runs_them():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "README.md" in ci and 'eval "$setup"' in ci and "swarmlm sapo simulate}" in ci
     assert "pip install" not in ci  # no set-up of its own
+
+
+# ---------------------------------------------------------------- mistakes, as a newcomer's shell sees them
+def _swarmlm(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swarmlm", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+
+
+def test_a_typo_and_an_unknown_model_each_answer_in_one_line_and_write_nothing(tmp_path):
+    """In a real process (logging, warnings and all): a misspelled option gets the command's usage and a suggestion;
+    an unknown model, one line on stderr naming the presets. Both exit 2, and neither writes anything."""
+    typo = _swarmlm("sapo", "simulate", "--rouns", "3", cwd=tmp_path)
+    assert typo.returncode == 2 and typo.stdout == ""
+    assert typo.stderr.startswith("usage: swarmlm sapo simulate") and "did you mean --rounds?" in typo.stderr
+    unknown = _swarmlm("noloco", "train", "--model", "llama-7b", cwd=tmp_path, HF_HUB_OFFLINE="1")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    lines = unknown.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("swarmlm noloco train: model 'llama-7b'"), unknown.stderr
+    assert "presets" in lines[0] or "preset (" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no runs/noloco, no config.yaml
+
+
+def test_cli_latency_benchmark_runs(tmp_path):
+    """``benchmarks/cli_latency.py`` at one repeat: every case reports its time, the exit status it should have and
+    no heavy import."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("cli_latency", ROOT / "benchmarks" / "cli_latency.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "latency.json"
+    assert bench.main(["--repeats", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == set(bench.CASES)
+    for name, expected in (("help", [0]), ("command help", [0]), ("typo", [2]), ("unknown command", [2])):
+        assert results[name]["exit_codes"] == expected, (name, results[name])
+        assert results[name]["heavy_imports"] == [] and results[name]["best_s"] > 0

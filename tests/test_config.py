@@ -154,3 +154,124 @@ def test_assignment_is_validated():
     config = SAPOConfig()
     with pytest.raises(Exception):
         config.grpo.ppo_epochs = 0
+
+
+# ----------------------------------------------------------------------------- typos: the command's usage, a suggestion
+@pytest.mark.parametrize("argv, usage, suggestion", [
+    (["sapo", "simulate", "--rouns", "3"], "usage: swarmlm sapo simulate", "did you mean --rounds?"),
+    (["sapo", "simulate", "--roun", "3"], "usage: swarmlm sapo simulate", "did you mean --rounds?"),  # no abbreviations
+    (["sapo", "simulate", "--grpo.eps_lo", "0.1"], "usage: swarmlm sapo simulate", "did you mean --grpo.eps-low?"),
+    (["noloco", "train", "--inner.lrr=0.1"], "usage: swarmlm noloco train", "did you mean --inner.lr?"),
+    (["sapo", "simulat"], "usage: swarmlm sapo ", "did you mean simulate?"),
+    (["nolcoo", "train"], "usage: swarmlm ", "did you mean noloco?"),
+    (["--log-level", "DEBG", "models"], "usage: swarmlm ", "did you mean DEBUG?"),
+])
+def test_a_typo_answers_with_the_commands_usage_and_a_suggestion(argv, usage, suggestion, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and suggestion in err, err
+
+
+def test_an_option_far_from_any_gets_no_suggestion(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["sapo", "simulate", "--zzzzzzzz", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzzzz 1" in err and "did you mean" not in err
+
+
+# ----------------------------------------------------------------------------- user errors: one line, exit 2, nothing written
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+def test_config_errors_are_one_line(capsys, tmp_path):
+    line = one_line_error(capsys, ["sapo", "simulate", "--sharing.selection", "best", "--grpo.ppo-epochs", "0",
+                                   "--out", str(tmp_path / "x")])
+    assert line.startswith("swarmlm sapo simulate: invalid configuration: ")
+    assert "grpo.ppo_epochs" in line and "'top_reward'" in line
+    missing = tmp_path / "nope.yaml"
+    assert one_line_error(capsys, ["sapo", "simulate", "--config", str(missing)]) == \
+        f"swarmlm sapo simulate: config file not found: {missing}"
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """No network: the hub is offline (as HF_HUB_OFFLINE=1 makes it), so a name found nowhere else is unknown."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+def test_an_unknown_model_is_one_line_naming_the_presets_before_anything_is_written(capsys, tmp_path, offline_hub):
+    out = tmp_path / "run"
+    line = one_line_error(capsys, ["noloco", "train", "--model", "llama-7b", "--out", str(out)])
+    assert line.startswith("swarmlm noloco train: model 'llama-7b' is not a preset")
+    assert "tiny-llama" in line and "llama-125m" in line and "hub id" in line
+    assert not out.exists()
+    for argv, says in ((["sapo", "simulate", "--model", str(tmp_path / "no" / "dir")], "does not exist"),
+                       (["sapo", "swarm", "--node-models", "tiny-qwen2,./missing-model"], "does not exist"),
+                       (["warmstart", "--model", "Qwen/Qwen2.5-0.5B"], "is not a built-in preset; presets: tiny-qwen2")):
+        line = one_line_error(capsys, [*argv, "--out", str(out)])
+        assert says in line, line
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    for spec in (tmp_path / "empty", tmp_path / "weights.bin"):
+        assert "a .gguf file" in one_line_error(capsys, ["sapo", "simulate", "--model", str(spec), "--out", str(out)])
+    assert not out.exists()
+
+
+def test_an_unreachable_hub_is_one_line(capsys, tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    def no_network(*args, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", no_network)
+    line = one_line_error(capsys, ["sapo", "simulate", "--model", "someone/some-model", "--out", str(tmp_path / "x")])
+    assert "could not reach the Hugging Face hub to look up model 'someone/some-model'" in line
+    assert "Name or service not known" in line and "tiny-qwen2" in line
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_missing_identity_is_an_error_unless_asked_to_create_it(capsys, tmp_path):
+    from swarmlm.preflight import check_identity
+    from swarmlm.sapo.swarm.config import SwarmNodeConfig
+
+    out = tmp_path / "node"
+    typo = tmp_path / "my-nod.key"
+    line = one_line_error(capsys, ["sapo", "node", "--identity", str(typo), "--out", str(out)])
+    assert line.startswith(f"swarmlm sapo node: identity file '{typo}' does not exist")
+    assert "--create-identity" in line
+    assert not out.exists() and not typo.exists()
+    # allowed: asked to create it, no identity given (OUT/identity.key), the default path given, an existing file
+    check_identity(SwarmNodeConfig(identity=str(typo), create_identity=True, out=str(out)))
+    check_identity(SwarmNodeConfig(out=str(out)))
+    check_identity(SwarmNodeConfig(identity=str(out / "identity.key"), out=str(out)))
+    typo.write_bytes(b"key")
+    check_identity(SwarmNodeConfig(identity=str(typo), out=str(out)))
+    (tmp_path / "dir.key").mkdir()
+    with pytest.raises(ConfigError, match="not a readable file"):
+        check_identity(SwarmNodeConfig(identity=str(tmp_path / "dir.key"), out=str(out)))
+    args = build_parser().parse_args(["sapo", "node", "--identity", "k", "--create-identity"])
+    from swarmlm.sapo.swarm.config import SwarmNodeConfig as Node
+
+    assert config_from_args(Node, args).create_identity is True
+
+
+def test_a_missing_data_file_is_one_line(capsys, tmp_path):
+    out = tmp_path / "run"
+    line = one_line_error(capsys, ["noloco", "train", "--data.source", str(tmp_path / "corpus.txt"), "--out", str(out)])
+    assert line.startswith("swarmlm noloco train: data.source: ") and "corpus.txt" in line
+    assert not out.exists()

@@ -22,7 +22,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
-    """A configuration mistake, phrased for the user."""
+    """A mistake the user can fix (an option, a config file, a model name, a missing file), phrased for the user in
+    one line that says what is wrong and what is allowed. The command line prints it and exits with code 2."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -85,7 +86,7 @@ def _format_validation_error(model: type[BaseModel], err: ValidationError) -> st
         if "input" in item and not isinstance(item["input"], dict):
             msg += f"; got {item['input']!r}"
         lines.append(msg)
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+    return "invalid configuration: " + "; ".join(lines)  # one line, as the command line prints every mistake
 
 
 def validate_config(model: type[M], data: dict[str, Any]) -> M:
@@ -139,45 +140,119 @@ def parse_list(value: Any) -> Any:
     return [part for part in re.split(r"[\s,]+", text) if part]
 
 
-def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted name, annotation, help) for every non-model field, recursing into sub-models.
-    A :class:`NamedSection` also gets a flag of its own, taking the name."""
-    out = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        dotted = f"{prefix}{name}"
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            if issubclass(annotation, NamedSection):
-                out.append((dotted, str, f"shorthand for --{dotted}.name"))
-            out.extend(_leaf_fields(annotation, dotted + "."))
-            continue
-        default = field.default if field.default_factory is None else field.default_factory()
-        allowed = _literal_values(annotation)
-        help_text = field.description or ""
-        if allowed is not None:
-            help_text += f" {{{', '.join(str(v) for v in allowed)}}}"
-        help_text += f" (default: {default!r})"
-        out.append((dotted, annotation, help_text.strip()))
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def help_sentence(description: str | None) -> str:
+    """The first sentence of a field's description: its ``--help`` text. What follows (the reasons, the measurements)
+    is for the configuration reference, which shows the whole description."""
+    parts = _SENTENCE_END.split((description or "").strip(), maxsplit=1)
+    return parts[0][:-1] if len(parts) > 1 and parts[0].endswith(".") else parts[0]
+
+
+def _optional_inner(annotation: Any) -> Any:
+    """``X`` for ``X | None``, else ``annotation``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _metavar(annotation: Any) -> str | None:
+    """What the flag's value looks like, where its type says so plainly (``{a,b}``, ``N``, ``X``, ``LIST``)."""
+    inner = _optional_inner(annotation)
+    if typing.get_origin(inner) is Literal:
+        return "{" + ",".join(str(v) for v in typing.get_args(inner)) + "}"
+    if inner is bool:
+        return "BOOL"
+    if inner is int:
+        return "N"
+    if inner is float:
+        return "X"
+    if typing.get_origin(inner) is list:
+        return "LIST"
+    return None
+
+
+def _field_help(field: Any, annotation: Any) -> str:
+    default = field.default if field.default_factory is None else field.default_factory()
+    text = help_sentence(field.description)
+    allowed = _literal_values(annotation)
+    if allowed is not None and typing.get_origin(_optional_inner(annotation)) is not Literal:
+        text += f" {{{', '.join(str(v) for v in allowed)}}}"  # a Literal in a wider union: the metavar cannot say it
+    if isinstance(default, BaseModel) or (default is None and "default" in text):
+        return text.strip()  # a section has no value of its own; a None the text explains needs no "(default: None)"
+    return f"{text} (default: {default!r})".strip()
+
+
+def config_options(model: type[BaseModel]) -> list[tuple[str, str, Any, str, bool]]:
+    """(dotted field, section, annotation, help text, shown) for every flag of ``model``'s command line: one per leaf
+    field (recursing into sections; ``section`` is the dotted path of the leaf's parent, ``""`` at the top), and for
+    a :class:`NamedSection` one more, ``--model``, that takes the name. The ``name`` leaf of such a section is not
+    shown in ``--help`` (``--model X`` says it), but is still accepted (``--model.name X``)."""
+    out: list[tuple[str, str, Any, str, bool]] = []
+
+    def walk(current: type[BaseModel], prefix: str, hide_name: bool) -> None:
+        for name, field in current.model_fields.items():
+            annotation = field.annotation
+            dotted = f"{prefix}{name}"
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                named = issubclass(annotation, NamedSection)
+                if named:
+                    name_field = annotation.model_fields["name"]
+                    out.append((dotted, prefix[:-1], str, _field_help(name_field, name_field.annotation), True))
+                walk(annotation, dotted + ".", named)
+                continue
+            out.append((dotted, prefix[:-1], annotation, _field_help(field, annotation), not (hide_name and name == "name")))
+
+    walk(model, "", False)
     return out
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], common: tuple[str, ...] = ()) -> None:
     """Give ``parser`` a ``--config`` YAML option and one flag per leaf field of ``model``.
 
     Values are parsed as YAML scalars or lists (``--initial-peers '[a, b]'``, ``--beta 0.04``), so every
     type pydantic understands can be given, and validation happens once on the merged config.
+
+    ``--help`` shows each flag once, with dashes (``--grpo.eps-low``) and the first sentence of the field's
+    description; the underscore spelling (``--grpo.eps_low``) is accepted too. The fields named in ``common``
+    (dotted, in that order) come first, in a group of their own with ``--config``; the other top-level fields
+    follow, then one group per section (``grpo``, ``sharing.limits``...). A boolean flag alone means true
+    (``--progress`` = ``--progress true``).
     """
-    parser.add_argument("--config", metavar="YAML", help="YAML file with any of the options below")
-    for dotted, _annotation, help_text in _leaf_fields(model):
+    options = config_options(model)
+    by_name = {dotted: i for i, (dotted, *_rest) in enumerate(options)}
+    unknown = [name for name in common if name not in by_name]
+    if unknown:
+        raise ValueError(f"common options {unknown} are not fields of {model.__name__}")
+    first = parser.add_argument_group("common options") if common else None
+    groups: dict[str, Any] = {}
+
+    def group_of(section: str) -> Any:
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{section} options" if section else "options")
+        return groups[section]
+
+    (first or group_of("")).add_argument("--config", metavar="YAML", help="YAML file with any of the options below")
+    if not parser.add_help:  # the command line's own parsers put -h with the common options
+        (first or group_of("")).add_argument("-h", "--help", action="help", default=argparse.SUPPRESS,
+                                             help="show this help and exit")
+    order = [by_name[name] for name in common] + [i for i in range(len(options)) if options[i][0] not in common]
+    for i in order:
+        dotted, section, annotation, help_text, shown = options[i]
+        target = first if dotted in common else group_of(section)
         dashed = f"--{dotted.replace('_', '-')}"
-        flags = [dashed] + ([f"--{dotted}"] if "_" in dotted else [])
-        parser.add_argument(
-            *flags,
-            dest=f"cfg::{dotted}",
-            metavar="VALUE",
-            default=argparse.SUPPRESS,
-            help=help_text,  # shown as written: the parsers use HelpFormatter, which expands no %-directive
-        )
+        boolean = _optional_inner(annotation) is bool
+        kwargs: dict[str, Any] = dict(dest=f"cfg::{dotted}", metavar=_metavar(annotation) or "VALUE",
+                                      default=argparse.SUPPRESS)
+        if boolean:
+            kwargs.update(nargs="?", const="true")
+        # help shown as written: the parsers use HelpFormatter, which expands no %-directive
+        target.add_argument(dashed, help=help_text if shown else argparse.SUPPRESS, **kwargs)
+        if "_" in dotted:
+            target.add_argument(f"--{dotted}", help=argparse.SUPPRESS, **kwargs)  # the other spelling, accepted
 
 
 def _parse_cli_value(raw: str) -> Any:

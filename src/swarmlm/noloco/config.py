@@ -38,7 +38,7 @@ class InnerSection(StrictModel):
 class OuterSection(StrictModel):
     """When outer steps happen (NoLoCo and DiLoCo)."""
 
-    every: int = Field(20, ge=1, description="H: inner steps between outer steps (the NoLoCo reference uses 50; 20 suits this tiny scale)")
+    every: int = Field(20, ge=1, description="H: inner steps between outer steps. The NoLoCo reference uses 50; 20 suits this tiny scale")
 
 
 class NoLoCoSection(StrictModel):
@@ -59,7 +59,7 @@ class DiLoCoSection(StrictModel):
     """DiLoCo's outer optimizer: SGD on the all-reduced pseudo-gradient."""
 
     lr: float = Field(0.7, gt=0, description="outer learning rate")
-    momentum: float = Field(0.9, ge=0, lt=1, description="outer momentum (0.9 Nesterov: the DiLoCo paper; 0.3 heavy-ball: the NoLoCo reference)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="outer momentum. The DiLoCo paper uses 0.9 with Nesterov, the NoLoCo reference 0.3 heavy-ball")
     nesterov: bool = Field(True, description="Nesterov (true) or heavy-ball (false) momentum")
 
 
@@ -89,7 +89,7 @@ class LogSection(StrictModel):
         True, description="at every outer step, measure the RMS deviation of replicas' weights from their mean; "
                           "uses a collective (not part of the algorithm): turn off when workers may fail")
     tensorboard: bool = Field(True, description="also write TensorBoard events")
-    fsync: bool = Field(True, description="force every metrics line to disk; off saves about 10 ms a line on slow disks "
+    fsync: bool = Field(True, description="force every metrics line to disk. Off saves about 10 ms a line on slow disks "
                                           "(many in-process replicas), and a crash may lose the last lines")
 
 
@@ -163,10 +163,10 @@ class TrainConfig(StrictModel):
     stop_after: int | None = Field(
         None, ge=1, description="stop (with a checkpoint) after this step; the schedule still runs to `steps`")
     backend: Backend = Field(
-        "auto", description="how the replicas talk. auto, gloo, nccl: one process per replica over torch.distributed, "
-                            "with that process-group backend for collectives (auto = NCCL on GPUs, else gloo); "
-                            "in_process: all M replicas in this process on one device, stepped in turn, exchanging "
-                            "through memory, communication timed by the network.* link model on a simulated clock")
+        "auto", description="how the replicas talk: auto, gloo or nccl = one process per replica over torch.distributed "
+                            "(auto = NCCL on GPUs, else gloo); in_process = all M replicas in this process. With "
+                            "in_process the replicas share one device, are stepped in turn and exchange through memory, "
+                            "their communication timed by the network.* link model on a simulated clock")
     threads: int = Field(0, ge=0, description="torch threads per process (0 = torch's default; the local launcher gives "
                                               "each worker cores / nproc unless OMP_NUM_THREADS is set)")
     progress: bool = Field(True, description="progress bar on rank 0")

@@ -74,7 +74,11 @@ class SwarmNodeConfig(SwarmCommon):
     """``swarmlm sapo node``: one node of a decentralized swarm, on this machine."""
 
     identity: str | None = Field(None, description=(
-        "identity key file (created if missing; keep it to keep your peer id); default OUT/identity.key"))
+        "identity key file, which must exist unless create_identity is set; default OUT/identity.key (created if "
+        "missing). Keep it to keep your peer id. A path given here that does not exist is an error, so that a typo "
+        "does not start the node under a new identity"))
+    create_identity: bool = Field(False, description=(
+        "create a new identity key at the path given by identity if no file is there"))
     node_index: int | None = Field(None, ge=0, description="seeds this node's question stream; default: derived from the peer id")
     progress: bool = Field(True, description="show a progress bar")
     watch_pid: int | None = Field(None, ge=1, description="stop, with a checkpoint, once this process is gone (set by sapo swarm)")
@@ -91,7 +95,8 @@ class SwarmConfig(NodeModels, SwarmCommon):
     threads_per_node: int = Field(0, ge=0, description="torch threads per node process; 0 = CPU cores / nodes")
     startup_wait: float = Field(300.0, gt=0, description="seconds to wait for the first node to print its address")
 
-    _node_lists = field_validator("node_group_sizes", mode="before")(parse_list)
+    # its own name: one named _node_lists would replace NodeModels' validator of node_models and node_families
+    _group_size_list = field_validator("node_group_sizes", mode="before")(parse_list)
 
     @field_validator("node_group_sizes")
     @classmethod
