@@ -275,3 +275,35 @@ def test_a_missing_data_file_is_one_line(capsys, tmp_path):
     line = one_line_error(capsys, ["noloco", "train", "--data.source", str(tmp_path / "corpus.txt"), "--out", str(out)])
     assert line.startswith("swarmlm noloco train: data.source: ") and "corpus.txt" in line
     assert not out.exists()
+
+
+def _raise_missing_file(config):
+    raise FileNotFoundError(2, "No such file or directory", "/data/corpus.txt")
+
+
+def _raise_bug(config):
+    raise RuntimeError("a bug, not a user's mistake")
+
+
+def _raise_hub_error(config):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    raise LocalEntryNotFoundError("Cannot find the requested files in the disk cache\nand outgoing traffic is disabled")
+
+
+def test_errors_met_during_a_run_are_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    """What the preflight cannot see (a file gone, the hub) is still one line, exit 2; any other exception is a bug
+    and is raised with its traceback."""
+    from swarmlm import cli
+
+    def command(name, run):
+        return cli.Command(("sapo", name), "swarmlm.cli:ModelsConfig", f"tests.test_config:{run}", "a test command")
+
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, command("file", "_raise_missing_file"),
+                                          command("bug", "_raise_bug"), command("hub", "_raise_hub_error")])
+    assert one_line_error(capsys, ["sapo", "file"]) == \
+        "swarmlm sapo file: cannot read /data/corpus.txt: No such file or directory"
+    line = one_line_error(capsys, ["sapo", "hub"])
+    assert line.startswith("swarmlm sapo hub: Hugging Face hub: Cannot find the requested files")
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["sapo", "bug"])

@@ -188,15 +188,16 @@ def _user_error(err: BaseException) -> str | None:
         return _one_line(err)
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)) and err.filename:
         return f"cannot read {err.filename}: {err.strerror}"
-    hub = sys.modules.get("huggingface_hub.errors")
-    if hub is not None and isinstance(err, (hub.HfHubHTTPError, hub.OfflineModeIsEnabled, hub.LocalEntryNotFoundError,
-                                            hub.HFValidationError)):
-        return f"Hugging Face hub: {_one_line(err)}"
-    for module, names in (("requests.exceptions", ("ConnectionError", "Timeout")),
-                          ("httpx", ("TransportError",))):
+    # the hub's and the network's errors, from whichever of these libraries the run imported
+    for module, names, what in (
+            ("huggingface_hub.errors", ("HfHubHTTPError", "OfflineModeIsEnabled", "LocalEntryNotFoundError",
+                                        "HFValidationError"), "Hugging Face hub"),
+            ("requests.exceptions", ("ConnectionError", "Timeout"), "network error"),
+            ("httpx", ("TransportError",), "network error")):
         found = sys.modules.get(module)
-        if found is not None and isinstance(err, tuple(getattr(found, n) for n in names if hasattr(found, n))):
-            return f"network error: {_one_line(err)}"
+        kinds = tuple(k for k in (getattr(found, n, None) for n in names) if isinstance(k, type))
+        if kinds and isinstance(err, kinds):
+            return f"{what}: {_one_line(err)}"
     return None
 
 
