@@ -164,6 +164,8 @@ def test_assignment_is_validated():
     (["noloco", "train", "--inner.lrr=0.1"], "usage: swarmlm noloco train", "did you mean --inner.lr?"),
     (["sapo", "simulat"], "usage: swarmlm sapo ", "did you mean simulate?"),
     (["nolcoo", "train"], "usage: swarmlm ", "did you mean noloco?"),
+    (["simulate", "--rounds", "3"], "usage: swarmlm ", "did you mean swarmlm sapo simulate?"),
+    (["noloco", "sync-bnch"], "usage: swarmlm noloco ", "did you mean sync-bench?"),
     (["--log-level", "DEBG", "models"], "usage: swarmlm ", "did you mean DEBUG?"),
 ])
 def test_a_typo_answers_with_the_commands_usage_and_a_suggestion(argv, usage, suggestion, capsys):

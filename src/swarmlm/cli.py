@@ -101,8 +101,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:
             choices = [str(c) for c in action.choices]
-            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {', '.join(choices)})"
-                                         + _did_you_mean(str(value), choices))
+            hint = _did_you_mean(str(value), choices)
+            if not hint and isinstance(action, argparse._SubParsersAction):
+                # a command without its group (``swarmlm simulate``): suggest the whole command
+                leaves = {cmd.path[-1]: "swarmlm " + " ".join(cmd.path) for cmd in COMMANDS}
+                close = difflib.get_close_matches(str(value), list(leaves), n=1, cutoff=0.6)
+                hint = f"; did you mean {leaves[close[0]]}?" if close else ""
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {', '.join(choices)})" + hint)
 
     def unknown_options(self, extras: list[str]) -> None:
         """Exit (code 2) with this parser's usage, naming the arguments it did not recognise and, for a misspelled
