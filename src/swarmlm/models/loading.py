@@ -143,6 +143,27 @@ def gguf_model_dir(gguf: str | Path) -> Path:
     return final
 
 
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json", ".jinja", ".model", ".txt")
+
+
+def model_identity(spec: str) -> str:
+    """A short string that changes when the weights or tokenizer ``load_model(spec)`` would load change, without
+    loading anything: a preset's name; for a GGUF file (``smollm2-135m`` included) its cache key (path, size and
+    modification time); for a local directory its resolved path with the name, size and modification time of each
+    weight, config and tokenizer file; a hub id as it is (no revision is known offline)."""
+    if spec in PRESETS:
+        return f"preset:{spec}"
+    path = Path(spec).expanduser()
+    gguf = smollm2_gguf_path() if spec == SMOLLM2_NAME else _gguf_in(path)
+    if gguf is not None:
+        return f"gguf:{_gguf_cache_key(gguf)}"
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
+        stamp = "|".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+        return f"dir:{hashlib.sha256(f'{path.resolve()}|{stamp}'.encode()).hexdigest()[:16]}"
+    return f"hub:{spec}"
+
+
 def _from_directory(spec: str, source: str, dtype: torch.dtype | None, default_dtype: str | torch.dtype) -> LoadedModel:
     """``from_pretrained`` on a directory or hub id, with load errors phrased for the user."""
     try:

@@ -17,11 +17,18 @@ class ModelSection(NamedSection):
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
     warmstart: Literal["auto", "always", "never"] = Field(
-        "auto", description="supervised format warm start before RL; auto = for built-in presets only")
+        "auto", description="supervised format warm start before RL. auto: a built-in preset gets its warm start "
+        "(warmstart_* below); any other model is probed (sampled completions of training questions in the node's "
+        "prompt) and, when under 0.95 of them hold <answer>…</answer>, gets the format warm-up (format_warmup_* "
+        "below); both cached. always: the same as auto. never: the model as it is")
     warmstart_steps: int = Field(600, ge=0, description="optimizer steps of the warm start")
     warmstart_seed: int = Field(0, ge=0, description="seed of the warm start (shared by all nodes and run seeds)")
     warmstart_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="the warm start's learning rate after its warm-up: constant, or a cosine decay to a tenth")
+    format_warmup_steps: int = Field(
+        16, ge=0, description="most supervised steps (8 training questions each) of a non-preset model's format "
+        "warm-up; it stops at the first probe (every 2 steps) where 0.95 of sampled completions hold the format")
+    format_warmup_lr: float = Field(5e-5, gt=0, description="AdamW learning rate of the format warm-up")
 
 
 class GenerationSection(StrictModel):

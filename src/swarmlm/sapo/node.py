@@ -41,7 +41,7 @@ from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
-from swarmlm.sapo.warmstart import WarmstartConfig, warmstart, warmstart_info
+from swarmlm.sapo.warmstart import FormatWarmupConfig, WarmstartConfig, format_warmup, warmstart, warmstart_info
 from swarmlm.tasks import Question, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
 
 FULL_MARKS = 1.0 - 1e-9
@@ -84,12 +84,19 @@ def round_lr(lr: float, round: int, warmup_rounds: int, *, schedule: str = "cons
 
 
 def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
-    """What the node loads at round 0: the warm-started preset, or the configured model as is."""
+    """What the node loads at round 0: a preset's warm start; for any other model, its format warm-up when the model
+    lacks the answer format (:func:`~swarmlm.sapo.warmstart.format_warmup`), else the model as it is."""
     m = config.model
-    if m.warmstart == "never" or (m.warmstart == "auto" and m.name not in PRESETS):
+    if m.warmstart == "never":
         return m.name
     # the warm start learns the whole mix: a specialist node (tasks.draw_families) starts where every node does
     tasks = config.tasks.model_copy(update={"draw_families": []})
+    if m.name not in PRESETS:
+        g = config.generation
+        return format_warmup(FormatWarmupConfig(
+            model=m.name, tasks=tasks, prompt_style=g.prompt_style, max_prompt_tokens=g.max_prompt_tokens,
+            max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_steps=m.format_warmup_steps,
+            lr=m.format_warmup_lr, seed=m.warmstart_seed, device=m.device), progress=progress)
     ws = WarmstartConfig(model=m.name, tasks=tasks, steps=m.warmstart_steps, seed=m.warmstart_seed,
                          schedule=m.warmstart_schedule)
     return str(warmstart(ws, progress=progress))
