@@ -101,7 +101,7 @@ def _model_specs(config: BaseModel) -> list[str]:
 
 
 def check_identity(config: Any) -> None:
-    """A swarm node's ``identity`` file: one given explicitly must exist and be readable, unless ``create_identity``
+    """A swarm node's ``identity`` file: one given explicitly must exist and hold a key, unless ``create_identity``
     asks for a new one there (a typo in the path would otherwise start the node under a new peer id). Left out, or
     given as the default ``OUT/identity.key``, it is created on the first start."""
     if config.identity is None:
@@ -111,6 +111,14 @@ def check_identity(config: Any) -> None:
     if path.exists():
         if path.is_dir() or not os.access(path, os.R_OK):
             raise ConfigError(f"identity '{config.identity}' is not a readable file")
+        try:
+            from swarmlm.sapo.transports.hivemind.identity import load_identity
+
+            load_identity(path, create=False)
+        except ImportError:
+            return  # hivemind is not installed: the node says so, with the command that installs it
+        except ValueError as err:
+            raise ConfigError(f"identity: {err}") from None
         return
     if config.create_identity or path.absolute() == default.absolute():
         return

@@ -35,8 +35,10 @@ def node_command(config: SwarmNodeConfig) -> int:
     try:
         summary = run_volunteer(config)
     except (BootstrapError, ValueError, ImportError) as err:
-        print(f"swarmlm sapo node: {err}", file=sys.stderr)
-        return 1
+        # no peer reachable, an identity file that is not one, hivemind not installed: the user's to fix, in one line
+        # with exit code 2, as swarmlm.cli.main reports every such mistake
+        print(f"swarmlm sapo node: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     return print_volunteer_summary(summary, config.out)
 
 
