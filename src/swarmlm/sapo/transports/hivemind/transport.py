@@ -103,7 +103,9 @@ class HivemindTransport(RolloutTransport):
     the keys of at most ``max_peers_per_round`` peers: those heard from within the window first (most recent
     first), then the other peers of the routing table in a random order. It returns every message it has not
     returned before (each peer's message of a round at most once, a newer one again), at most ``max_round_bytes``
-    in all (the rest counted as ``round_cap``). An old round's key is read until its message is found, the
+    in all (the rest counted as ``round_cap``): every peer's message of round ``g`` first, then older rounds', then
+    the next round's, the smaller first within a round, so that a peer publishing ahead or large cannot push an
+    honest peer's current message out. An old round's key is read until its message is found, the
     current and next rounds' on every read. With ``wait_for_peers`` it keeps polling, until the timeout at
     most, while a peer that published within the staleness window has not yet published anything new and is
     due to (its last message is less than two of its usual intervals old). A peer that stopped is waited for
@@ -501,7 +503,17 @@ class HivemindTransport(RolloutTransport):
             return []
         out: list[Received] = []
         position = {p: i for i, p in enumerate(peers)}
-        for key, (r, peer) in sorted(wanted.items(), key=lambda kv: (-kv[1][0], position[kv[1][1]])):
+
+        def size(key) -> int:  # of the value signed by the key's peer (what would be read), for the order below
+            entries, peer = found.get(key) or {}, wanted[key][1]
+            value = next((v for sub, (v, _) in entries.items() if sender_peer_id(sub) == peer), None)
+            return len(value) if isinstance(value, (bytes, bytearray)) else 0
+
+        # the round's byte budget goes to every peer's current round before anyone's later round (a peer that
+        # publishes ahead cannot push an honest peer's current message out), then to older rounds, nearest first;
+        # within a round, smaller messages first, so that large ones cannot take the budget of small ones
+        for key, (r, peer) in sorted(wanted.items(), key=lambda kv: (kv[1][0] > round, abs(kv[1][0] - round),
+                                                                     size(kv[0]), position[kv[1][1]])):
             entries = found.get(key)
             if not entries:
                 continue
@@ -518,7 +530,8 @@ class HivemindTransport(RolloutTransport):
                 self.drops.drop("bad_message", peer, f"payload is {type(value).__name__}")
                 continue
             if len(value) > budget[0]:
-                self.drops.drop("round_cap", peer, f"over {self.max_round_bytes} bytes read this round")
+                self.drops.drop("round_cap", peer, f"its round {r} message, {len(value)} bytes: over "
+                                f"{self.max_round_bytes} bytes read in round {round}")
                 continue
             budget[0] -= len(value)
             self._seen[(r, peer)] = expiration
