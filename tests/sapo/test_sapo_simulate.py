@@ -127,3 +127,34 @@ def test_simulate_heterogeneous_nodes_begin_from_their_own_models(tmp_path, tran
         rows = read_jsonl(out / f"node-{k}" / "metrics.jsonl")
         assert [r["records_accepted"] for r in rows[1:]] == [4, 4]  # both others' 2 groups, every round
     assert "| node-2 |" in res.stdout and "records: 24 accepted, 0 dropped\n" in res.stdout
+
+
+def _bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_simulate_output_is_the_newest_checkpoint_per_node_and_a_few_kib_a_round(tmp_path):
+    """What docs/guides/sapo-one-machine.md ("What a run writes") states, with the default retention: a checkpoint
+    every round, yet each node keeps only its newest one, which is the model and its Adam state in float32 (at most
+    12 bytes a parameter, plus tokenizer, RNG and state files); besides it a node writes a few KiB a round."""
+    from swarmlm.models import build_preset
+
+    out = tmp_path / "run"
+    nodes, rounds = 2, 4
+    res = swarmlm("sapo", "simulate", "--nodes", str(nodes), "--rounds", str(rounds), "--checkpoint-every", "1",
+                  "--eval-every", "2", "--model.warmstart", "never", "--out", str(out), *SMALL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    params = sum(p.numel() for p in build_preset("tiny-qwen2", seed=0).model.parameters())
+    checkpoint_bound = 12 * params + 128 * 1024
+    per_round_bound = 8 * 1024  # metrics.jsonl and TensorBoard events of one round (a row is about 3 KiB)
+    for k in range(nodes):
+        node = out / f"node-{k}"
+        assert sorted(p.name for p in (node / "checkpoints").iterdir()) == ["latest", f"step-{rounds:06d}"]
+        step = node / "checkpoints" / f"step-{rounds:06d}"
+        assert 4 * params <= _bytes(step / "model") <= 4 * params + 64 * 1024  # the weights, float32
+        assert _bytes(node / "checkpoints") <= checkpoint_bound
+        assert _bytes(node) - _bytes(node / "checkpoints") <= (rounds + 1) * per_round_bound
+    run_files = _bytes(out) - sum(_bytes(out / f"node-{k}") for k in range(nodes))  # summary, config, learning curve
+    assert run_files <= 256 * 1024
+    assert _bytes(out) <= nodes * (checkpoint_bound + (rounds + 1) * per_round_bound) + 256 * 1024
