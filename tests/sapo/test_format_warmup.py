@@ -16,7 +16,7 @@ from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.node import PRETRAINED_LR, default_lr, initial_model_path
 from swarmlm.sapo.warmstart import FormatWarmupConfig, format_warmup, format_warmup_dir, format_warmup_key
 
-SMALL = dict(max_steps=2, batch_size=2, check_every=1, probe_questions=2, probe_samples=2, max_new_tokens=8)
+SMALL = dict(max_steps=2, batch_size=2, check_every=1, probe_questions=2, probe_samples=2, max_new_tokens=24)
 
 
 @pytest.fixture()
@@ -100,3 +100,14 @@ def test_initial_model_path_runs_the_format_warm_up_for_models_that_are_not_pres
     assert initial_model_path(never, progress=False) == str(plain_dir) and len(seen) == 1
     with pytest.raises(ValueError, match="preset"):
         format_warmup(FormatWarmupConfig(model="tiny-qwen2"))
+
+
+def test_no_warm_up_when_the_answer_format_cannot_fit_in_the_budget(plain_dir, monkeypatch):
+    """'<answer>12</answer>' is 19 byte-level tokens: with a budget of 8 no completion can hold it, so no warm-up
+    could reach the target, and none runs (nor any probe); the decision is cached."""
+    monkeypatch.setattr(ws, "probe_format", lambda *a, **k: pytest.fail("probed"))
+    config = FormatWarmupConfig(model=str(plain_dir), **{**SMALL, "max_new_tokens": 8})
+    assert format_warmup(config, progress=False) == str(plain_dir)
+    check = json.loads((format_warmup_dir(config) / ws.FORMAT_CHECK).read_text())
+    assert check["answers_fit"] == 0.0 and check["trained"] is False and check["format_rate_before"] is None
+    assert format_warmup(config, progress=False) == str(plain_dir)

@@ -268,17 +268,24 @@ def _run_format_warmup(config: FormatWarmupConfig, out_dir: Path, progress: bool
 
     from swarmlm.models import load_model
     from swarmlm.runtime.devices import resolve_device
-    from swarmlm.tasks import TaskSource
+    from swarmlm.tasks import TaskSource, format_answer
 
     started = time.time()
     loaded = load_model(config.model, seed=config.seed)
     model, tok = loaded.model.to(resolve_device(config.device)), loaded.tokenizer
     probe_questions = TaskSource(config.tasks, stream=f"format-warmup-probe/{config.seed}").sample(config.probe_questions, round=0)
     source = TaskSource(config.tasks, stream=f"format-warmup/{config.seed}")
-    before = probe_format(model, tok, probe_questions, config, seed=config.seed)
+    # the share of the probe's questions whose answer, in the format, fits in the node's budget: the most the probe can
+    # show. Below the target no warm-up can reach it (a budget of a few tokens, as the smoke tests run), so none runs
+    fits = sum(len(tok(format_answer(q.answer or ""), add_special_tokens=False)["input_ids"]) <= config.max_new_tokens
+               for q in probe_questions) / len(probe_questions)
+    if fits < config.target:
+        before = {"format_rate": None, "completion_tokens": None, "truncated_rate": None, "example": ""}
+    else:
+        before = probe_format(model, tok, probe_questions, config, seed=config.seed)
     probes = [{"step": 0, **before}]
     losses: list[float] = []
-    if before["format_rate"] < config.target and config.max_steps > 0:
+    if fits >= config.target and before["format_rate"] < config.target and config.max_steps > 0:
         torch.manual_seed(config.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
         bar = tqdm(total=config.max_steps, desc=f"format warm-up {loaded.name}", disable=not progress, unit="step")
@@ -293,9 +300,9 @@ def _run_format_warmup(config: FormatWarmupConfig, out_dir: Path, progress: bool
         bar.close()
         model.eval()
     trained = bool(losses)
-    info = {"config": config.model_dump(mode="json"), "kind": "format", "trained": trained, "steps": len(losses),
-            "final_loss": losses[-1] if losses else None, "losses": losses, "format_rate_before": before["format_rate"], "format_rate_after": probes[-1]["format_rate"],
-            "probes": probes, "seconds": round(time.time() - started, 1), "environment": describe_environment()}
+    info = {"config": config.model_dump(mode="json"), "kind": "format", "trained": trained, "answers_fit": fits,
+            "steps": len(losses), "final_loss": losses[-1] if losses else None, "losses": losses,
+            "format_rate_before": before["format_rate"], "format_rate_after": probes[-1]["format_rate"], "probes": probes, "seconds": round(time.time() - started, 1), "environment": describe_environment()}
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -325,6 +332,11 @@ def format_warmup(config: FormatWarmupConfig, *, progress: bool = True) -> str:
         info = _read_json(out_dir / FORMAT_CHECK)
         if info is None:
             info = _run_format_warmup(config, out_dir, progress)
+            if info["format_rate_before"] is None:
+                log.warning("no format warm-up of %s: the answer format fits in max_new_tokens %d for only %.0f%% of "
+                            "training answers; the model is used as it is", config.model, config.max_new_tokens,
+                            100 * info["answers_fit"])
+                return config.model
             log.info("format warm-up of %s: format rate %.2f -> %.2f in %d steps (%.0fs) -> %s", config.model,
                      info["format_rate_before"], info["format_rate_after"], info["steps"], info["seconds"], out_dir)
             if info["format_rate_after"] < config.target:
