@@ -184,10 +184,12 @@ def test_swarm_flood_benchmark_runs(tmp_path, monkeypatch):
     out = tmp_path / "flood.json"
     monkeypatch.setattr(sys, "argv", ["swarm_flood.py", "--rounds", "2", "--round-length", "2", "--sybils", "3",
                                       "--message-bytes", "20000", "--alice-bytes", "5000",
-                                      "--dht-round-bytes", "1000000", "--out", str(out)])
+                                      "--dht-round-bytes", "1000000", "--attackers", "1", "--attacker-bytes", "30000",
+                                      "--out", str(out)])
     flood.main()
     result = json.loads(out.read_text())
     assert result["rounds"] == 2 and len(result["per_round"]) == 2
+    assert 0 < result["read_seconds_mean"] <= result["read_seconds_max"] and result["settings"]["attackers"] == 1
     assert result["bob_dht_rss_mb_peak"] >= result["bob_dht_rss_mb_start"] > 0
     assert 0 <= result["alice_read_rounds"] <= 2 and result["drops"]
 

@@ -493,8 +493,12 @@ class HivemindTransport(RolloutTransport):
                   if r >= round or self._read_in.get((r, p), r) <= r or self._live.get(p, r) <= r}
         if not wanted:
             return []
+        position = {p: i for i, p in enumerate(peers)}
+        # looked up in this order (16 at a time): every peer's current round first, so that lookups of large
+        # messages of other rounds never hold up an honest peer's current one
+        keys = sorted(wanted, key=lambda k: (wanted[k][0] > round, abs(wanted[k][0] - round), position[wanted[k][1]]))
         try:
-            fut = dht.run_coroutine(partial(fetch_values, keys=list(wanted),
+            fut = dht.run_coroutine(partial(fetch_values, keys=keys,
                                             timeout=max(0.05, deadline - time.monotonic() - 0.05)), return_future=True)
             found = fut.result(timeout=max(0.1, deadline - time.monotonic() + 1.0))
         except Exception as err:
@@ -502,7 +506,6 @@ class HivemindTransport(RolloutTransport):
             log.debug("DHT reads failed: %s", err)
             return []
         out: list[Received] = []
-        position = {p: i for i, p in enumerate(peers)}
 
         def size(key) -> int:  # of the value signed by the key's peer (what would be read), for the order below
             entries, peer = found.get(key) or {}, wanted[key][1]
