@@ -314,3 +314,17 @@ def test_errors_met_during_a_run_are_one_line_and_bugs_keep_their_traceback(monk
     assert line.startswith("swarmlm sapo hub: Hugging Face hub: Cannot find the requested files")
     with pytest.raises(RuntimeError, match="a bug"):
         main(["sapo", "bug"])
+
+
+def test_the_built_in_task_mixes_validate():
+    """The presets' families are built without validation (so that importing the configs does not import
+    reasoning-gym); each must still be a valid, audited family spec."""
+    from swarmlm.tasks.reasoning_gym_tasks import TASK_PRESETS, FamilySpec, TaskConfig
+
+    for preset, families in TASK_PRESETS.items():
+        for spec in families:
+            assert FamilySpec.model_validate(spec.model_dump()) == spec, (preset, spec)
+        config = validate_config(TaskConfig, {"families": [f.model_dump() for f in families]})
+        assert config.resolved_families() == families
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):
+        FamilySpec(name="chain_summ")
