@@ -167,6 +167,8 @@ def test_assignment_is_validated():
     (["simulate", "--rounds", "3"], "usage: swarmlm ", "did you mean swarmlm sapo simulate?"),
     (["noloco", "sync-bnch"], "usage: swarmlm noloco ", "did you mean sync-bench?"),
     (["--log-level", "DEBG", "models"], "usage: swarmlm ", "did you mean DEBUG?"),
+    (["sapo", "simulate", "--log-level", "DEBUG"], "usage: swarmlm sapo simulate",
+     "--log-level is an option of swarmlm itself and goes before the command: swarmlm --log-level VALUE sapo simulate"),
 ])
 def test_a_typo_answers_with_the_commands_usage_and_a_suggestion(argv, usage, suggestion, capsys):
     with pytest.raises(SystemExit) as exit_:

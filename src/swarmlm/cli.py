@@ -109,11 +109,17 @@ class ArgumentParser(argparse.ArgumentParser):
                 hint = f"; did you mean {leaves[close[0]]}?" if close else ""
             raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {', '.join(choices)})" + hint)
 
-    def unknown_options(self, extras: list[str]) -> None:
+    def unknown_options(self, extras: list[str], top_level: tuple[str, ...] = ()) -> None:
         """Exit (code 2) with this parser's usage, naming the arguments it did not recognise and, for a misspelled
-        option, the closest one it has."""
+        option, the closest one it has; for an option of ``swarmlm`` itself (``top_level``) given after the
+        command, where it goes."""
+        names = [arg.split("=", 1)[0] for arg in extras if arg.startswith("--")]
+        misplaced = next((name for name in names if name in top_level), None)
+        if misplaced:
+            self.error(f"unrecognized arguments: {' '.join(extras)}; {misplaced} is an option of swarmlm itself and "
+                       f"goes before the command: swarmlm {misplaced} VALUE {self.prog.split(' ', 1)[-1]} ...")
         known = sorted({s.replace("_", "-") for s in self._option_string_actions if s.startswith("--")})
-        hints = [_did_you_mean(arg.split("=", 1)[0].replace("_", "-"), known) for arg in extras if arg.startswith("--")]
+        hints = [_did_you_mean(name.replace("_", "-"), known) for name in names]
         self.error(f"unrecognized arguments: {' '.join(extras)}" + next((h for h in hints if h), ""))
 
 
@@ -211,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(only=_command_path(argv))
     args, extras = parser.parse_known_args(argv)
     if extras:
-        args._parser.unknown_options(extras)
+        args._parser.unknown_options(extras, top_level=("--log-level",))
     _setup_logging(args.log_level)
     cmd: Command = args._command
     try:
