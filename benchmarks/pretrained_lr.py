@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                "--generation.group-size", str(args.group_size), "--generation.max-new-tokens", str(args.max_new_tokens),
                "--eval-every", str(args.eval_every), "--tasks.eval-size", str(args.eval_size),
                "--checkpoint-every", "10", "--grpo.lr", f"{lr:g}", "--grpo.format-reward", "0",
-               "--seed", str(args.seed), "--out", str(run_dir)]
+               "--seed", str(args.seed), "--out", str(run_dir),
+               # each start exactly as named: not the format warm-up that model.warmstart auto gives a pretrained model
+               "--model.warmstart", "never"]
         started = time.monotonic()
         if len([r for r in _rows(run_dir) if r.get("round", 0) >= 1]) < rounds:
             print(f"{name}: {' '.join(cmd[1:])}", flush=True)
