@@ -271,7 +271,8 @@ def _run_format_warmup(config: FormatWarmupConfig, out_dir: Path, progress: bool
     from swarmlm.tasks import TaskSource, format_answer
 
     started = time.time()
-    loaded = load_model(config.model, seed=config.seed)
+    # float32 whatever the checkpoint's dtype: a few small AdamW steps on bfloat16 weights would mostly round away
+    loaded = load_model(config.model, seed=config.seed, dtype=torch.float32)
     model, tok = loaded.model.to(resolve_device(config.device)), loaded.tokenizer
     probe_questions = TaskSource(config.tasks, stream=f"format-warmup-probe/{config.seed}").sample(config.probe_questions, round=0)
     source = TaskSource(config.tasks, stream=f"format-warmup/{config.seed}")
