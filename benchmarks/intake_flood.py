@@ -89,13 +89,16 @@ def run(args: argparse.Namespace) -> dict:
             before = dict(drops.counts)
             cpu, started = time.process_time(), time.perf_counter()
             pool = intake.accept(messages, r, lambda texts, scores, lengths: list(scores))
+            took = time.perf_counter() - started
+            # an intake without its own timer (before it had one): the whole call less the verifier's time
+            intake_seconds = getattr(intake, "last_intake_seconds", took - intake.last_seconds)
             rows.append({
                 "round": r,
                 "message_bytes": sum(len(m.payload) for m in messages),
                 "records_sent": sum(len(json.loads(m.payload)["records"]) for m in messages),
-                "intake_seconds": round(intake.last_intake_seconds, 4),  # main process, before verification
+                "intake_seconds": round(intake_seconds, 4),  # main process, before verification
                 "verify_seconds": round(intake.last_seconds, 4),
-                "accept_seconds": round(time.perf_counter() - started, 4),
+                "accept_seconds": round(took, 4),
                 "main_process_cpu_seconds": round(time.process_time() - cpu, 4),
                 "records_accepted": len(pool),
                 "drops": {k: v - before.get(k, 0) for k, v in drops.counts.items() if v - before.get(k, 0)},
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     intake_s = [row["intake_seconds"] for row in rows]
     return {"benchmark": "intake_flood", "args": vars(args), "cpus": os.cpu_count(),
             "load_average": os.getloadavg()[0], "limits": limits.model_dump(),
-            "cut_chars": intake.max_chars, "rows": rows,
+            "cut_chars": getattr(intake, "max_chars", None), "rows": rows,
             "intake_seconds_median": statistics.median(intake_s), "intake_seconds_max": max(intake_s),
             "accept_seconds_max": max(row["accept_seconds"] for row in rows)}
 
