@@ -228,6 +228,48 @@ def sapo_experiment(name: str = "sapo_experiment") -> str:
     return "\n".join(lines)
 
 
+def _ci_cell(stat: dict[str, float] | None, digits: int = 3, signed: bool = False) -> str:
+    if not stat:
+        return "—"
+    value = f"{stat['mean']:+.{digits}f}" if signed else f"{stat['mean']:.{digits}f}"
+    return value + (f" ± {stat['ci95']:.{digits}f}" if stat.get("ci95") is not None else "")
+
+
+def sapo_specialists(name: str = "sapo_specialists") -> str:
+    """The specialists scenario of the sharing experiment: per I/J configuration, held-out pass@1 on the families a
+    node never draws itself (unseen) at round 0 and at the end, its change, the end against the baseline paired by
+    seed, all families at the end, and what sharing carried (``swarmlm sapo experiment --scenario specialists``)."""
+    spec = _load(name)["specialists"]
+    base = spec["baseline"]
+    lines = [
+        f"| I / J | unseen, round 0 | unseen, end | unseen, change | unseen end vs {base} | all families, end "
+        f"| all end vs {base} | own family, end | external groups / round | external share of the update |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for config, row in spec["configurations"].items():
+        versus = [("—" if config == base else _ci_cell(row.get(f"pass1_{p}_end_vs_baseline"), signed=True))
+                  for p in ("unseen", "all")]
+        lines.append(
+            f"| {config} | {_ci_cell(row.get('pass1_unseen_start'))} | {_ci_cell(row.get('pass1_unseen_end'))} "
+            f"| {_ci_cell(row.get('pass1_unseen_gain'), signed=True)} | {versus[0]} | {_ci_cell(row.get('pass1_all_end'))} "
+            f"| {versus[1]} | {_ci_cell(row.get('pass1_own_end'))} | {_ci_cell(row.get('external_used_per_round'), 2)} "
+            f"| {_ci_cell(row.get('external_loss_share_mean'), 2)} |")
+    return "\n".join(lines)
+
+
+def sapo_specialists_by_family(name: str = "sapo_specialists") -> str:
+    """Per configuration and family: held-out pass@1 on the family of the nodes that draw it and of the others, at
+    round 0 and at the end: whether what a family's specialists learned reached the rest."""
+    data = _load(name)
+    lines = ["| I / J | family | nodes drawing it: round 0 | end | the others: round 0 | end |", "|---|---|---|---|---|---|"]
+    for config, row in data["specialists"]["configurations"].items():
+        for family in data["settings"]["tasks"]:
+            cells = [_ci_cell(row.get(f"family:{family}:{who}_{when}"))
+                     for who in ("drawn", "others") for when in ("start", "end")]
+            lines.append(f"| {config} | `{family}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 NOLOCO_METHODS = [("ddp", "DDP"), ("diloco", "DiLoCo (Nesterov 0.9)"), ("diloco-hb", "DiLoCo (heavy-ball 0.3)"),
                   ("noloco", "NoLoCo")]
 
@@ -283,6 +325,8 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_default_run": sapo_default_run,
     "sapo_experiment": sapo_experiment,
     "sapo_experiment_amd_epyc": lambda: sapo_experiment("sapo_experiment_amd_epyc"),
+    "sapo_specialists": sapo_specialists,
+    "sapo_specialists_by_family": sapo_specialists_by_family,
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }

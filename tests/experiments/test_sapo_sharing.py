@@ -64,7 +64,7 @@ def test_miniature_experiment_writes_tables_and_plots(tmp_path):
     args = [sys.executable, "-m", "swarmlm", "--log-level", "WARNING", "sapo", "experiment",
             "--configurations", "[2/0, 1/1]", "--seeds", "[0, 1]", "--nodes", "2", "--rounds", "3", "--eval-every", "3",
             "--model.warmstart-steps", "8", "--generation.group-size", "4", "--generation.max-new-tokens", "8",
-            "--tasks.eval-size", "4", "--smoothing", "2", "--out", str(out),
+            "--tasks.eval-size", "8", "--smoothing", "2", "--out", str(out),  # 8: every family held out
             "--node-models", "[tiny-qwen2, tiny-llama]",  # a heterogeneous experiment: its by-model table too
             "--scenario", "specialists"]  # node 0 draws chain_sum, node 1 basic_arithmetic: the specialists' table
     res = subprocess.run(args, capture_output=True, text=True, timeout=900)

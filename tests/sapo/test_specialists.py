@@ -113,6 +113,10 @@ def test_specialist_figures_match_hand_computation():
     assert got["pass1_all_start"] == pytest.approx(((0.5 + 0.6) / 3 + (0.3 + 0.2) / 3) / 2)
     assert got["external_used_per_round"] == pytest.approx(3.0) and got["external_weight_mean"] == pytest.approx(0.5)
     assert got["external_loss_share_mean"] == pytest.approx(0.25)
+    # by family: both nodes draw chain_sum; basic_arithmetic and products are the others'
+    assert got["family:chain_sum:drawn_end"] == pytest.approx(0.5) and "family:chain_sum:others_end" not in got
+    assert got["family:products:others_start"] == pytest.approx(0.3)
+    assert got["family:products:others_end"] == pytest.approx(0.5)
     low = _node(0.5, 0.5, (0.2, 0.4), (0.2, 0.4))
     runs = {("2/0", 0): [low, low], ("2/0", 1): [low, low], ("1/1", 0): [a, b], ("1/1", 1): [b, a]}
     table = specialist_table(cfg, runs)["configurations"]

@@ -46,7 +46,9 @@ def specialist_numbers(config, nodes: list[list[dict[str, Any]]]) -> dict[str, A
     """One run's held-out pass@1 by what each node draws itself (``node_families``): on the families it never
     draws (``unseen``), on those it draws (``own``) and on all of them, before the first update (``start``) and at
     the last evaluation (``end``), each the mean over nodes. A node's unseen (own) pass@1 is the mean over those
-    families of its pass@1 on each; ``all`` is its pass@1 on the whole held-out set."""
+    families of its pass@1 on each; ``all`` is its pass@1 on the whole held-out set. Per family F,
+    ``family:F:drawn_{when}`` is the mean pass@1 on F of the nodes that draw F, ``family:F:others_{when}`` of those
+    that do not: whether what F's specialists learned reached the others."""
     mix = [f.name for f in config.tasks.resolved_families()]
     parts: dict[str, list[float]] = {}
     for k, rows in enumerate(nodes):
@@ -61,6 +63,8 @@ def specialist_numbers(config, nodes: list[list[dict[str, Any]]]) -> dict[str, A
                 if value is not None:
                     parts.setdefault(f"pass1_{part}_{when}", []).append(value)
             parts.setdefault(f"pass1_all_{when}", []).append(row["eval_pass1"])
+            for f, value in by_family.items():
+                parts.setdefault(f"family:{f}:{'drawn' if f in own else 'others'}_{when}", []).append(value)
     out = {key: _mean(values) for key, values in sorted(parts.items())}
     # what sharing carried: external groups trained per round and how much their completions counted
     used = [r.get("external_used", 0) for rows in nodes for r in rows if r.get("round", 0) >= 1]
@@ -121,6 +125,20 @@ def _specialist_lines(results: dict[str, Any]) -> list[str]:
                      f"{_signed(row.get('pass1_all_end_vs_baseline')) if c != base else '—'} | {cell('pass1_own_end')} | "
                      f"{cell('external_used_per_round', 2)} | {cell('external_weight_mean', 2)} | "
                      f"{cell('external_loss_share_mean', 2)} |")
+    return lines
+
+
+def _family_lines(config, results: dict[str, Any]) -> list[str]:
+    spec = results["specialists"]
+    lines = ["", "By family: held-out pass@1 on each family of the nodes that draw it and of the others, at round 0 and "
+             "at the end (mean over those nodes; mean ± 95% CI over seeds):", "",
+             "| I / J | family | nodes drawing it: start | end | the others: start | end |", "|---|---|---|---|---|---|"]
+    for c, row in spec["configurations"].items():
+        for f in [f.name for f in config.tasks.resolved_families()]:
+            cells = [_fmt(row[k]["mean"], row[k]["ci95"], 3) if row.get(k) else "—"
+                     for k in (f"family:{f}:drawn_start", f"family:{f}:drawn_end", f"family:{f}:others_start",
+                               f"family:{f}:others_end")]
+            lines.append(f"| {c} | `{f}` | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -240,7 +258,7 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
     if "by_model" in results:
         lines += _by_model_lines(results)
     if "specialists" in results:
-        lines += _specialist_lines(results)
+        lines += _specialist_lines(results) + _family_lines(config, results)
     path.write_text("\n".join(lines) + "\n")
 
 
