@@ -304,26 +304,32 @@ def eval_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndarra
     return np.arange(0, config.rounds + 1)[have], np.nanmean(curves[:, :, have], axis=1)
 
 
-def plot_eval(config, runs, path: Path) -> None:
+def _plot_series(config, runs, series, ylabel: str, title: str, path: Path) -> None:
+    """One line per configuration of ``series(config, runs, configuration)`` (rounds, [seeds, rounds]): the mean
+    over seeds, with the range over seeds as a band."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for c in config.configurations:
-        x, per_seed = eval_series(config, runs, c)
+        x, per_seed = series(config, runs, c)
         if not len(x):
             continue
-        mean = np.nanmean(per_seed, axis=0)
-        ax.plot(x, mean, marker="o", ms=3, label=f"{c}")
+        ax.plot(x, np.nanmean(per_seed, axis=0), marker="o", ms=3, label=c)
         if per_seed.shape[0] > 1:
             ax.fill_between(x, np.nanmin(per_seed, axis=0), np.nanmax(per_seed, axis=0), alpha=0.15)
     ax.set_xlabel("round")
-    ax.set_ylabel("held-out pass@1 (greedy)")
-    ax.set_title("Held-out pass@1, mean over nodes (band: range over seeds)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(title="I / J")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_eval(config, runs, path: Path) -> None:
+    _plot_series(config, runs, eval_series, "held-out pass@1 (greedy)",
+                 "Held-out pass@1, mean over nodes (band: range over seeds)", path)
 
 
 def unseen_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndarray]:
@@ -343,24 +349,8 @@ def unseen_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndar
 
 
 def plot_unseen(config, runs, path: Path) -> None:
-    plt = pyplot()
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for c in config.configurations:
-        x, per_seed = unseen_series(config, runs, c)
-        if not len(x):
-            continue
-        ax.plot(x, np.nanmean(per_seed, axis=0), marker="o", ms=3, label=c)
-        if per_seed.shape[0] > 1:
-            ax.fill_between(x, np.nanmin(per_seed, axis=0), np.nanmax(per_seed, axis=0), alpha=0.15)
-    ax.set_xlabel("round")
-    ax.set_ylabel("held-out pass@1 on unseen families")
-    ax.set_title("Specialists: pass@1 on the families a node never draws\n(mean over nodes; band: range over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(title="I / J")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plot_series(config, runs, unseen_series, "held-out pass@1 on unseen families",
+                 "Specialists: pass@1 on the families a node never draws\n(mean over nodes; band: range over seeds)", path)
 
 
 def write_report(config, runs, paper: dict[str, float], wall_seconds: float | None = None) -> dict[str, Any]:
