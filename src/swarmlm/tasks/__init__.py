@@ -6,8 +6,9 @@ TaskConfig`` (as the command line's configs do) loads neither reasoning-gym nor 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from swarmlm.runtime.lazy import lazy_exports
 
 _HOME = {
     "build_prompt": "prompts", "extract_answer": "prompts", "format_answer": "prompts",
@@ -20,12 +21,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _HOME)
 
 
 def __dir__() -> list[str]:

@@ -9,9 +9,10 @@ link model (:mod:`.link_model`).
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from swarmlm.runtime.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from swarmlm.noloco.comm.base import Communicator
@@ -29,12 +30,7 @@ _HOME = {"Communicator": "base", "EmulatedCommunicator": "emulated", "Distribute
          "launch_key": "exchange", "InProcessHub": "in_process", "LinkModel": "link_model"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _HOME)
 
 
 def make_communicator(network: "NetworkSection", *, rank: int, world_size: int, timeout_s: float,
