@@ -97,8 +97,8 @@ def specialist_table(config, runs: dict[tuple[str, int], list[list[dict[str, Any
                      if numbers[(c, s)].get(end) is not None and numbers[(c, s)].get(f"pass1_{part}_start") is not None]
             row[f"pass1_{part}_gain"] = _ci(gains)
         per_config[c] = row
-    return {"baseline": baseline, "node_families": [config.node_families[k % len(config.node_families)]
-                                                    for k in range(config.nodes)], "configurations": per_config}
+    return {"baseline": baseline, "node_families": [config.node_family(k) for k in range(config.nodes)],
+            "configurations": per_config}
 
 
 def _signed(v: dict[str, float | None] | None, digits: int = 3) -> str:
@@ -362,8 +362,8 @@ def write_report(config, runs, paper: dict[str, float], wall_seconds: float | No
         results["specialists"] = specialist_table(config, runs)
     results["settings"] = {"nodes": config.nodes, "rounds": config.rounds, "model": config.model.name,
                            "node_models": [config.node_model(k) for k in range(config.nodes)],
-                           "node_families": [config.node_families[k % len(config.node_families)]
-                                             for k in range(config.nodes)] if config.node_families else [],
+                           "node_families": ([config.node_family(k) for k in range(config.nodes)]
+                                             if config.node_families else []),
                            "scenario": config.scenario, "tasks": [f.name for f in config.tasks.resolved_families()],
                            "group_size": config.generation.group_size, "seeds": config.seeds}
     results["wall_seconds"] = wall_seconds

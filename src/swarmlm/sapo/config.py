@@ -148,15 +148,19 @@ class NodeModels(StrictModel):
         """The model node ``k`` begins from."""
         return self.node_models[k % len(self.node_models)] if self.node_models else self.model.name
 
+    def node_family(self, k: int) -> str:
+        """Node ``k``'s entry of ``node_families`` (families joined by '+'); only when ``node_families`` is set."""
+        return self.node_families[k % len(self.node_families)]
+
     def node_tasks(self, k: int) -> TaskConfig:
         """Node ``k``'s task config: the run's, drawing its own questions from its ``node_families`` entry."""
         if not self.node_families:
             return self.tasks
-        families = [f for f in self.node_families[k % len(self.node_families)].split("+") if f]
+        families = [f for f in self.node_family(k).split("+") if f]
         mix = [f.name for f in self.tasks.resolved_families()]
         unknown = [f for f in families if f not in mix]
         if unknown or not families:
-            raise ValueError(f"node_families: '{self.node_families[k % len(self.node_families)]}' names a family not "
+            raise ValueError(f"node_families: '{self.node_family(k)}' names a family not "
                              f"in the task mix; allowed: {', '.join(mix)} (several joined by '+')")
         return self.tasks.model_copy(update={"draw_families": families})
 
