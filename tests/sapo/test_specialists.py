@@ -126,3 +126,66 @@ def test_specialist_figures_match_hand_computation():
     assert table["2/0"]["pass1_unseen_end_vs_baseline"] is None
     assert table["1/1"]["pass1_unseen_gain"]["mean"] == pytest.approx(0.4 - 0.2)
     assert table["2/0"]["pass1_unseen_gain"]["mean"] == pytest.approx(0.0)
+
+
+# Experts: nodes that know different things at round 0 (node k's warm start learns only its families), each drawing
+# from the whole mix.
+
+
+def test_experts_scenario_warm_starts_node_k_on_family_k_alone_and_lets_it_draw_everything():
+    run = run_config(ExperimentConfig(scenario="experts", nodes=4, seeds=[0]), "4/4", 0)
+    assert run.node_warmstart_families == MIX and run.node_families == []
+    assert [run.node_config(k).model.warmstart_families for k in range(4)] == [[f] for f in MIX + MIX[:1]]
+    assert all(run.node_config(k).tasks.draw_families == [] for k in range(4))
+    assert [run.node_specialty(k) for k in range(4)] == [[f] for f in MIX + MIX[:1]]
+    assert run.node_label(2) == "tiny-qwen2 (warm start: products)"
+    assert SimulateConfig().node_specialty(0) == [] and SimulateConfig().node_label(0) == "tiny-qwen2"
+
+
+def test_each_experts_warm_start_learns_its_families_and_is_made_once(monkeypatch):
+    from swarmlm.sapo import node as node_module
+
+    seen = []
+    monkeypatch.setattr(node_module, "warmstart",
+                        lambda ws, progress=True: seen.append(ws) or f"/cache/{'+'.join(ws.tasks.draw_families)}")
+    cfg = validate_config(SimulateConfig, {"nodes": 4, "node_warmstart_families": ["products", "chain_sum+basic_arithmetic"]})
+    paths = node_module.initial_model_paths([cfg.node_config(k) for k in range(4)])
+    assert paths == ["/cache/products", "/cache/chain_sum+basic_arithmetic"] * 2
+    assert [ws.tasks.draw_families for ws in seen] == [["products"], ["chain_sum", "basic_arithmetic"]]  # once each
+    # an expert's warm start has a cache key of its own; the whole mix's stays the default's
+    from swarmlm.sapo.warmstart import warmstart_key
+
+    assert len({warmstart_key(ws) for ws in seen} | {"70d55286f06646d3"}) == 3
+
+
+def test_warm_start_families_outside_the_mix_name_the_field_and_the_allowed_ones():
+    with pytest.raises(ConfigError, match="model.warmstart_families.*'spell_backward'.*allowed: chain_sum, basic_arithmetic"):
+        validate_config(SimulateConfig, {"model": {"warmstart_families": "[spell_backward]"}})
+    with pytest.raises(ConfigError, match="node_warmstart_families.*'products\\+x'.*allowed: chain_sum"):
+        validate_config(SimulateConfig, {"node_warmstart_families": ["chain_sum", "products+x"]})
+    # a single node takes it as a model option
+    assert validate_config(SimulateConfig, {"model": {"warmstart_families": "[products]"}}).node_config(1).model.warmstart_families == ["products"]
+
+
+def test_the_swarm_launcher_gives_each_node_process_its_warm_start_families(tmp_path):
+    from swarmlm.sapo.swarm.launcher import node_configs
+
+    cfg = validate_config(SwarmConfig, {"nodes": 3, "node_warmstart_families": ["products", "chain_sum"], "out": str(tmp_path)})
+    assert [c.model.warmstart_families for c in node_configs(cfg)] == [["products"], ["chain_sum"], ["products"]]
+    assert [c.tasks.draw_families for c in node_configs(cfg)] == [[], [], []]
+
+
+def test_expert_figures_take_a_nodes_own_families_from_its_warm_start():
+    from swarmlm.experiments.sapo_sharing_report import _family_lines, _specialist_lines, specialist_numbers, specialist_table
+
+    cfg = ExperimentConfig(configurations=["2/0", "1/1"], seeds=[0], nodes=2, rounds=2, scenario="experts",
+                           node_warmstart_families=["chain_sum", "chain_sum"])
+    a = _node(0.5, 0.7, (0.2, 0.4), (0.2, 0.6))
+    got = specialist_numbers(cfg, [a, a])
+    assert got["pass1_own_end"] == pytest.approx(0.7) and got["pass1_unseen_end"] == pytest.approx(0.4)
+    assert got["family:chain_sum:drawn_end"] == pytest.approx(0.7) and got["family:products:others_end"] == pytest.approx(0.6)
+    results = {"specialists": specialist_table(cfg, {("2/0", 0): [a, a], ("1/1", 0): [a, a]})}
+    assert results["specialists"]["set_apart_by"] == "warm start"
+    text = "\n".join(_specialist_lines(results) + _family_lines(cfg, results))
+    assert "Experts: every node draws from the whole mix" in text and "outside a node's warm start" in text
+    assert "| its experts: start |" in text and "Specialists" not in text

@@ -42,11 +42,12 @@ class ExperimentConfig(NodeModels, SAPOSettings):
     rounds: int = Field(100, ge=1, description="rounds of every run (the default scale ends in about an hour on 2 CPU cores)")
     transport: Literal["in_process", "torch"] = Field(
         "in_process", description="in_process = a run's nodes in this process; torch = one process per node over torch.distributed")
-    scenario: Literal["homogeneous", "specialists"] = Field(
+    scenario: Literal["homogeneous", "specialists", "experts"] = Field(
         "homogeneous", description="homogeneous = every node draws questions from the whole task mix; specialists = "
         "node k draws only from family k of the mix (node_families, unless given), so that what one node learns of "
-        "its family can reach the others only through sharing; the report adds held-out pass@1 on each node's unseen "
-        "families")
+        "its family can reach the others only through sharing; experts = every node draws from the whole mix but "
+        "node k's warm start learns only family k (node_warmstart_families, unless given), so that nodes know "
+        "different things at round 0. Both add held-out pass@1 on each node's unseen families to the report")
     smoothing: int = Field(10, ge=1, description="moving-average window (rounds) of the reward plot")
     out: str = Field("runs/sapo-experiment", description="output directory")
 
@@ -54,6 +55,8 @@ class ExperimentConfig(NodeModels, SAPOSettings):
     def _specialists(self) -> "ExperimentConfig":
         if self.scenario == "specialists" and not self.node_families:
             self.node_families = [f.name for f in self.tasks.resolved_families()]
+        if self.scenario == "experts" and not self.node_warmstart_families:
+            self.node_warmstart_families = [f.name for f in self.tasks.resolved_families()]
         return self
 
     @field_validator("configurations")

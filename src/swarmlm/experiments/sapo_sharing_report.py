@@ -43,16 +43,16 @@ def _mean(values: list[float]) -> float | None:
 
 
 def specialist_numbers(config, nodes: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    """One run's held-out pass@1 by what each node draws itself (``node_families``): on the families it never
-    draws (``unseen``), on those it draws (``own``) and on all of them, before the first update (``start``) and at
+    """One run's held-out pass@1 by each node's own families (:meth:`~swarmlm.sapo.config.NodeModels.node_specialty`:
+    those it draws, or those its warm start learned): on the others (``unseen``), on its own (``own``) and on all, before the first update (``start``) and at
     the last evaluation (``end``), each the mean over nodes. A node's unseen (own) pass@1 is the mean over those
     families of its pass@1 on each; ``all`` is its pass@1 on the whole held-out set. Per family F,
-    ``family:F:drawn_{when}`` is the mean pass@1 on F of the nodes that draw F, ``family:F:others_{when}`` of those
-    that do not: whether what F's specialists learned reached the others."""
+    ``family:F:drawn_{when}`` is the mean pass@1 on F of the nodes whose family F is, ``family:F:others_{when}`` of
+    those whose it is not: whether what F's specialists or experts knew reached the others."""
     mix = [f.name for f in config.tasks.resolved_families()]
     parts: dict[str, list[float]] = {}
     for k, rows in enumerate(nodes):
-        own = set(config.node_tasks(k).draw_families or mix)
+        own = set(config.node_specialty(k) or mix)
         unseen = [f for f in mix if f not in own]
         for when, row in zip(("start", "end"), _eval_rows(rows)):
             if row is None:
@@ -97,8 +97,19 @@ def specialist_table(config, runs: dict[tuple[str, int], list[list[dict[str, Any
                      if numbers[(c, s)].get(end) is not None and numbers[(c, s)].get(f"pass1_{part}_start") is not None]
             row[f"pass1_{part}_gain"] = _ci(gains)
         per_config[c] = row
-    return {"baseline": baseline, "node_families": [config.node_family(k) for k in range(config.nodes)],
-            "configurations": per_config}
+    return {"baseline": baseline, "node_families": ["+".join(config.node_specialty(k)) for k in range(config.nodes)],
+            "set_apart_by": _set_apart_by(config), "configurations": per_config}
+
+
+def _set_apart_by(config) -> str:
+    """What makes a node's families its own: ``draws`` (specialists, ``node_families``) or ``warm start``
+    (experts, ``node_warmstart_families``)."""
+    return "draws" if config.node_families else "warm start"
+
+
+def specialised(config) -> bool:
+    """Whether the nodes of ``config`` differ in their families (specialists or experts)."""
+    return bool(config.node_families or config.node_warmstart_families)
 
 
 def _signed(v: dict[str, float | None] | None, digits: int = 3) -> str:
@@ -110,9 +121,14 @@ def _signed(v: dict[str, float | None] | None, digits: int = 3) -> str:
 def _specialist_lines(results: dict[str, Any]) -> list[str]:
     spec = results["specialists"]
     base = spec["baseline"]
-    lines = ["", "Specialists: node k draws its own questions from " + ", ".join(
-        f"{k}: `{f}`" for k, f in enumerate(spec["node_families"])) + "; held-out pass@1 on the families a node never "
-        "draws itself (unseen) and on all families, mean over nodes (mean ± 95% CI over seeds; changes paired by seed):",
+    if spec.get("set_apart_by", "draws") == "draws":
+        intro = "Specialists: node k draws its own questions from "
+        unseen = "the families a node never draws itself (unseen)"
+    else:
+        intro = "Experts: every node draws from the whole mix, and node k's warm start learned only "
+        unseen = "the families outside a node's warm start (unseen)"
+    lines = ["", intro + ", ".join(f"{k}: `{f}`" for k, f in enumerate(spec["node_families"])) + f"; held-out pass@1 "
+        f"on {unseen} and on all families, mean over nodes (mean ± 95% CI over seeds; changes paired by seed):",
         "", f"| I / J | unseen: start | unseen: end | unseen: change | unseen end vs {base} | all: end | "
         f"all end vs {base} | own families: end | external groups / round | external weight | external share of "
         "the update |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -130,9 +146,10 @@ def _specialist_lines(results: dict[str, Any]) -> list[str]:
 
 def _family_lines(config, results: dict[str, Any]) -> list[str]:
     spec = results["specialists"]
-    lines = ["", "By family: held-out pass@1 on each family of the nodes that draw it and of the others, at round 0 and "
+    whose = "nodes drawing it" if spec.get("set_apart_by", "draws") == "draws" else "its experts"
+    lines = ["", f"By family: held-out pass@1 on each family of the {whose} and of the others, at round 0 and "
              "at the end (mean over those nodes; mean ± 95% CI over seeds):", "",
-             "| I / J | family | nodes drawing it: start | end | the others: start | end |", "|---|---|---|---|---|---|"]
+             f"| I / J | family | {whose}: start | end | the others: start | end |", "|---|---|---|---|---|---|"]
     for c, row in spec["configurations"].items():
         for f in [f.name for f in config.tasks.resolved_families()]:
             cells = [_fmt(row[k]["mean"], row[k]["ci95"], 3) if row.get(k) else "—"
@@ -339,7 +356,7 @@ def unseen_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndar
     curves = np.full((len(config.seeds), config.nodes, config.rounds + 1), np.nan)
     for si, s in enumerate(config.seeds):
         for k, rows in enumerate(runs[(configuration, s)]):
-            unseen = [f for f in mix if f not in set(config.node_tasks(k).draw_families or mix)]
+            unseen = [f for f in mix if f not in set(config.node_specialty(k) or mix)]
             for r in rows:
                 values = [r["eval_by_family"][f] for f in unseen if f in (r.get("eval_by_family") or {})]
                 if values and 0 <= r["round"] <= config.rounds:
@@ -349,8 +366,10 @@ def unseen_series(config, runs, configuration: str) -> tuple[np.ndarray, np.ndar
 
 
 def plot_unseen(config, runs, path: Path) -> None:
+    title = ("Specialists: pass@1 on the families a node never draws" if config.node_families else
+             "Experts: pass@1 on the families outside a node's warm start")
     _plot_series(config, runs, unseen_series, "held-out pass@1 on unseen families",
-                 "Specialists: pass@1 on the families a node never draws\n(mean over nodes; band: range over seeds)", path)
+                 title + "\n(mean over nodes; band: range over seeds)", path)
 
 
 def write_report(config, runs, paper: dict[str, float], wall_seconds: float | None = None) -> dict[str, Any]:
@@ -358,12 +377,14 @@ def write_report(config, runs, paper: dict[str, float], wall_seconds: float | No
     results = sharing_table(config, runs, paper)
     if config.node_models:
         results["by_model"] = by_model(config, runs)
-    if config.node_families:
+    if specialised(config):
         results["specialists"] = specialist_table(config, runs)
     results["settings"] = {"nodes": config.nodes, "rounds": config.rounds, "model": config.model.name,
                            "node_models": [config.node_model(k) for k in range(config.nodes)],
                            "node_families": ([config.node_family(k) for k in range(config.nodes)]
                                              if config.node_families else []),
+                           "node_warmstart_families": ["+".join(config.node_warmstart(k)) for k in range(config.nodes)]
+                                                      if config.node_warmstart_families else [],
                            "scenario": config.scenario, "tasks": [f.name for f in config.tasks.resolved_families()],
                            "group_size": config.generation.group_size, "seeds": config.seeds}
     results["wall_seconds"] = wall_seconds
@@ -371,6 +392,6 @@ def write_report(config, runs, paper: dict[str, float], wall_seconds: float | No
     write_markdown(config, results, out / "results.md")
     plot_reward(config, runs, out / "reward.png")
     plot_eval(config, runs, out / "eval.png")
-    if config.node_families:
+    if specialised(config):
         plot_unseen(config, runs, out / "unseen.png")
     return results

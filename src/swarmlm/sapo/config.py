@@ -25,10 +25,15 @@ class ModelSection(NamedSection):
     warmstart_seed: int = Field(0, ge=0, description="seed of the warm start (shared by all nodes and run seeds)")
     warmstart_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="the warm start's learning rate after its warm-up: constant, or a cosine decay to a tenth")
+    warmstart_families: list[str] = Field(default_factory=list, description=(
+        "families of the task mix the warm start learns (an expert node, which knows only these); empty = the "
+        "whole mix. The node still draws, evaluates on and accepts every family of tasks"))
     format_warmup_steps: int = Field(
         16, ge=0, description="most supervised steps (8 training questions each) of a non-preset model's format "
         "warm-up; it stops at the first probe (every 2 steps) where 0.95 of sampled completions hold the format")
     format_warmup_lr: float = Field(5e-5, gt=0, description="AdamW learning rate of the format warm-up")
+
+    _families = field_validator("warmstart_families", mode="before")(parse_list)
 
 
 class GenerationSection(StrictModel):
@@ -115,6 +120,14 @@ class SAPOSettings(StrictModel):
     sharing: SharingSection = Field(default_factory=SharingSection)
     tasks: TaskConfig = Field(default_factory=TaskConfig)
 
+    @model_validator(mode="after")
+    def _warmstart_families_in_mix(self) -> "SAPOSettings":
+        mix = [f.name for f in self.tasks.resolved_families()]
+        unknown = [f for f in self.model.warmstart_families if f not in mix]
+        if unknown:
+            raise ValueError(f"model.warmstart_families: '{unknown[0]}' is not in the task mix; allowed: {', '.join(mix)}")
+        return self
+
 
 class SAPOConfig(SAPOSettings):
     """One SAPO node's settings."""
@@ -135,13 +148,19 @@ class NodeModels(StrictModel):
         "families node k draws its own questions from = node_families[k % len], each one family of the task mix or "
         "several joined by '+' (specialist nodes; every node still evaluates on and accepts every family of the "
         "mix); empty = tasks.draw_families for all"))
+    node_warmstart_families: list[str] = Field(default_factory=list, description=(
+        "families node k's warm start learns = node_warmstart_families[k % len], joined by '+' as in node_families "
+        "(expert nodes: each knows only its families at round 0, draws and is scored on the whole mix); empty = "
+        "model.warmstart_families for all"))
 
-    _node_lists = field_validator("node_models", "node_families", mode="before")(parse_list)
+    _node_lists = field_validator("node_models", "node_families", "node_warmstart_families", mode="before")(parse_list)
 
     @model_validator(mode="after")
     def _families_in_mix(self) -> "NodeModels":
         for k in range(len(self.node_families)):
             self.node_tasks(k)  # raises, naming the family and the mix, for a family the mix does not have
+        for k in range(len(self.node_warmstart_families)):
+            self.node_warmstart(k)
         return self
 
     def node_model(self, k: int) -> str:
@@ -164,16 +183,33 @@ class NodeModels(StrictModel):
                              f"in the task mix; allowed: {', '.join(mix)} (several joined by '+')")
         return self.tasks.model_copy(update={"draw_families": families})
 
+    def node_warmstart(self, k: int) -> list[str]:
+        """The families node ``k``'s warm start learns (empty = the whole mix)."""
+        if not self.node_warmstart_families:
+            return self.model.warmstart_families
+        entry = self.node_warmstart_families[k % len(self.node_warmstart_families)]
+        families = [f for f in entry.split("+") if f]
+        mix = [f.name for f in self.tasks.resolved_families()]
+        if not families or any(f not in mix for f in families):
+            raise ValueError(f"node_warmstart_families: '{entry}' names a family not in the task mix; allowed: "
+                             f"{', '.join(mix)} (several joined by '+')")
+        return families
+
+    def node_label(self, k: int) -> str:
+        """Node ``k``'s model as a run's provenance names it: the model, and the families of an expert's warm start."""
+        families = self.node_warmstart(k)
+        return self.node_model(k) + (f" (warm start: {'+'.join(families)})" if families else "")
+
+    def node_specialty(self, k: int) -> list[str]:
+        """The families node ``k`` is set apart by: those it draws (``node_families``), else those its warm start
+        learned (``node_warmstart_families``); empty = none, every family alike."""
+        return self.node_tasks(k).draw_families if self.node_families else self.node_warmstart(k)
+
     def node_config(self, k: int):
-        """This run's settings as node ``k`` sees them: its own model (:meth:`node_model`) and tasks
-        (:meth:`node_tasks`)."""
-        config = with_model(self, self.node_model(k)) if self.node_models else self
-        return config.model_copy(update={"tasks": self.node_tasks(k)}) if self.node_families else config
-
-
-def with_model(config: SAPOSettings, name: str):
-    """``config`` with ``model.name`` replaced: one node's settings in a heterogeneous run."""
-    return config.model_copy(update={"model": config.model.model_copy(update={"name": name})})
+        """This run's settings as node ``k`` sees them: its own model (:meth:`node_model`, warm-started on
+        :meth:`node_warmstart`) and tasks (:meth:`node_tasks`)."""
+        model = self.model.model_copy(update={"name": self.node_model(k), "warmstart_families": self.node_warmstart(k)})
+        return self.model_copy(update={"model": model, "tasks": self.node_tasks(k)})
 
 
 class SimulateConfig(NodeModels, SAPOConfig):

@@ -32,7 +32,7 @@ from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state,
 from swarmlm.runtime.devices import DTYPES, resolve_device
 from swarmlm.runtime.metrics import MetricsWriter
 from swarmlm.sapo.batching import TrainSample, with_eos
-from swarmlm.sapo.config import SAPOConfig, with_model
+from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
 from swarmlm.sapo.grpo import group_advantages, is_zero_advantage, permuted_within_groups
@@ -89,8 +89,9 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
     m = config.model
     if m.warmstart == "never":
         return m.name
-    # the warm start learns the whole mix: a specialist node (tasks.draw_families) starts where every node does
-    tasks = config.tasks.model_copy(update={"draw_families": []})
+    # the warm start learns model.warmstart_families (empty = the whole mix), not what the node draws: a specialist
+    # node (tasks.draw_families) starts where every node does, an expert knows only its families
+    tasks = config.tasks.model_copy(update={"draw_families": list(m.warmstart_families)})
     if m.name not in PRESETS:
         g = config.generation
         return format_warmup(FormatWarmupConfig(
@@ -102,9 +103,15 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
     return str(warmstart(ws, progress=progress))
 
 
-def initial_model_paths(config: SAPOConfig, names: list[str], progress: bool = True) -> dict[str, str]:
-    """:func:`initial_model_path` of each distinct model in ``names`` (a heterogeneous run's), once each."""
-    return {name: initial_model_path(with_model(config, name), progress=progress) for name in dict.fromkeys(names)}
+def initial_model_paths(configs: list[SAPOConfig], progress: bool = True) -> list[str]:
+    """:func:`initial_model_path` of each node's settings (a heterogeneous run's), each distinct model section
+    warmed up once."""
+    done: dict[str, str] = {}
+    for c in configs:
+        key = c.model.model_dump_json()
+        if key not in done:
+            done[key] = initial_model_path(c, progress=progress)
+    return [done[c.model.model_dump_json()] for c in configs]
 
 
 def node_seed(base_seed: int, node_index: int) -> int:

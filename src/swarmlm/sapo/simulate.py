@@ -26,12 +26,12 @@ from swarmlm.tasks import Verifier
 log = logging.getLogger(__name__)
 
 
-def _run_in_process(config: SimulateConfig, initials: dict[str, str], progress: bool) -> bool:
+def _run_in_process(config: SimulateConfig, initials: list[str], progress: bool) -> bool:
     hub = InProcessHub(config.nodes)
     verifier = Verifier(config.tasks)  # the nodes share one task config, so one pool of scoring workers serves them all
     try:
         nodes = [SAPONode(config.node_config(k), k, hub.endpoint(f"node-{k}"), node_dir(config.out, k),
-                          initials[config.node_model(k)], verifier=verifier)
+                          initials[k], verifier=verifier)
                  for k in range(config.nodes)]
     except BaseException:
         verifier.close()
@@ -63,7 +63,7 @@ def _run_in_process(config: SimulateConfig, initials: dict[str, str], progress: 
     return completed
 
 
-def torch_worker(config_json: str, initials: dict[str, str]) -> int:
+def torch_worker(config_json: str, initials: list[str]) -> int:
     """Entry point of one rank: one node over :class:`TorchDistributedTransport`."""
     import torch.distributed as dist
 
@@ -75,7 +75,7 @@ def torch_worker(config_json: str, initials: dict[str, str]) -> int:
     if world != config.nodes:
         raise RuntimeError(f"world size {world} differs from nodes={config.nodes}")
     node = SAPONode(config.node_config(rank), rank, TorchDistributedTransport(), node_dir(config.out, rank),
-                    initials[config.node_model(rank)])
+                    initials[rank])
     try:
         node.evaluate_start()
         bar = tqdm(range(node.round + 1, config.rounds + 1), desc="sapo rounds", unit="round", disable=rank != 0,
@@ -98,7 +98,7 @@ def run_simulation(config: SimulateConfig, *, progress: bool = True) -> dict[str
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / "config.yaml")
     started = time.time()
-    initials = initial_model_paths(config, [config.node_model(k) for k in range(config.nodes)], progress=progress)
+    initials = initial_model_paths([config.node_config(k) for k in range(config.nodes)], progress=progress)
     completed = True
     if config.transport == "in_process":
         completed = _run_in_process(config, initials, progress)
@@ -110,6 +110,6 @@ def run_simulation(config: SimulateConfig, *, progress: bool = True) -> dict[str
         launch_local(config.nodes, torch_worker, config.model_dump_json(), initials)
     summary = run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
     summary["completed"] = completed
-    summary.update(provenance(initials))
+    summary.update(provenance({config.node_label(k): path for k, path in enumerate(initials)}))
     write_summary(out, summary)
     return summary

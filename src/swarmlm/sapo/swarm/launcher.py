@@ -26,7 +26,7 @@ from swarmlm.sapo.swarm.config import SwarmConfig, SwarmNodeConfig
 
 log = logging.getLogger(__name__)
 
-_LAUNCHER_ONLY = {"nodes", "node_models", "node_families", "node_group_sizes", "threads_per_node", "startup_wait"}
+_LAUNCHER_ONLY = {"nodes", "node_models", "node_families", "node_warmstart_families", "node_group_sizes", "threads_per_node", "startup_wait"}
 
 
 def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
@@ -41,6 +41,7 @@ def node_configs(config: SwarmConfig) -> list[SwarmNodeConfig]:
             data["swarm"].update(start_peers=config.nodes - 1, start_wait=config.startup_wait)
         data["model"]["name"] = config.node_model(k)
         data["tasks"]["draw_families"] = config.node_tasks(k).draw_families
+        data["model"]["warmstart_families"] = config.node_warmstart(k)
         if config.node_group_sizes:
             data["generation"]["group_size"] = config.node_group_sizes[k % len(config.node_group_sizes)]
         out.append(SwarmNodeConfig.model_validate(data))
@@ -154,7 +155,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     started = time.time()
     configs = node_configs(config)
     # each model's initial weights, warmed up once here, not N times in parallel
-    initials = initial_model_paths(config, [c.model.name for c in configs], progress=progress)
+    initials = initial_model_paths(configs, progress=progress)
     env = dict(os.environ)
     threads = config.threads_per_node or max(1, (os.cpu_count() or 1) // config.nodes)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -225,7 +226,7 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
         transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
         completed=not interrupted and all(code == 0 for code in codes.values()),
     )
-    summary.update(provenance(initials))  # as in simulate; a mixed swarm's models each get theirs
+    summary.update(provenance({config.node_label(k): path for k, path in enumerate(initials)}))  # as in simulate; a mixed swarm's models each get theirs
     summary["environment"]["torch_threads"] = int(env["OMP_NUM_THREADS"])  # each node's, not this launcher's
     write_summary(out, summary)
     return summary
