@@ -18,6 +18,9 @@ def test_provenance_line_without_a_warm_start_or_with_one_that_predates_the_reco
     assert provenance_line({**base, "warmstart": None}) == "machine: AMD EPYC, torch 2.13.0, 1 thread(s)"
     old = provenance_line({**base, "warmstart": {"final_loss": 0.2}})
     assert old.endswith("warm start: final loss 0.2000, trained on an unrecorded machine")
+    # a format warm-up that found the format already there trained nothing, and records no loss
+    lossless = provenance_line({**base, "warmstart": {"environment": {"cpu": "Intel Xeon"}}})
+    assert lossless.endswith("warm start: no final loss recorded, trained on Intel Xeon")
 
 
 def test_a_run_names_its_warm_start_and_its_schedule(tmp_path, monkeypatch):

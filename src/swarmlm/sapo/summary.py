@@ -143,5 +143,7 @@ def provenance_line(summary: dict[str, Any]) -> str:
     ws = summary.get("warmstart")
     if ws:
         trained_on = (ws.get("environment") or {}).get("cpu", "an unrecorded machine")
-        line += f"; warm start: final loss {ws['final_loss']:.4f}, trained on {trained_on}"
+        loss = ws.get("final_loss")
+        loss = f"final loss {loss:.4f}" if isinstance(loss, (int, float)) else "no final loss recorded"
+        line += f"; warm start: {loss}, trained on {trained_on}"
     return line
