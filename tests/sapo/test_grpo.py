@@ -500,6 +500,48 @@ def test_node_update_truncated_external_weights(tmp_path):
     assert "external_weight" not in plain.update(_update_samples(plain.tokenizer.eos_token_id))  # none external
 
 
+def test_fused_truncated_weights_take_the_step_of_weights_computed_beforehand(tmp_path, monkeypatch):
+    """One pass of one step with truncated weights: the external samples are weighted from their own training
+    forward against the own samples' (taken from theirs, plus one no-grad pass of the own samples that do not train),
+    and the step is the one of the weights computed by a separate pass over every sample first."""
+    import copy
+
+    import swarmlm.sapo.update as update_module
+    from swarmlm.sapo.update import truncated_external_weights
+
+    node = _node(tmp_path, "fused", external_weight="truncated", micro_batch_size=2)
+    node.updater.optimizer = node.optimizer = torch.optim.SGD(node.model.parameters(), lr=0.1, momentum=0.9)
+    samples = _update_samples(node.tokenizer.eos_token_id)
+    for s in samples[4:]:
+        s.external = True
+    samples[0].advantage = samples[4].advantage = 0.0  # an own and an external sample that do not train
+    reference = copy.deepcopy(node.model)
+    expected = copy.deepcopy(samples)
+    with torch.no_grad():
+        logp, mask = token_logprobs(reference, collate(expected, node.tokenizer.pad_token_id))
+    truncated_external_weights(expected, list(logp[mask].split(mask.sum(dim=1).tolist())))
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    logp, mask = token_logprobs(reference, collate(expected, node.tokenizer.pad_token_id))
+    weights = torch.tensor([s.weight for s in expected])
+    grpo_loss(logp, logp.detach(), torch.tensor([s.advantage for s in expected]), mask, weights=weights)[0].backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+    opt.step()
+
+    forwarded = []
+    real = update_module.sample_logprobs
+    monkeypatch.setattr(update_module, "sample_logprobs",
+                        lambda model, chunk, pad: forwarded.extend(chunk) or real(model, chunk, pad))
+    stats = node.update(samples)
+    # 6 samples train, and the one own sample that does not is the only extra pass (the separate pass took all 8)
+    assert len(forwarded) == 7 and sum(s.advantage == 0 and not s.external for s in forwarded) == 1
+    trained = [i for i in range(4, 8) if samples[i].advantage != 0]
+    assert [samples[i].weight for i in trained] == pytest.approx([expected[i].weight for i in trained], rel=1e-5)
+    assert min(samples[i].weight for i in trained) < 1.0
+    assert stats["external_weight"] == pytest.approx(sum(expected[i].weight for i in trained) / len(trained), rel=1e-5)
+    for p, q in zip(node.model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
 def test_node_update_gradient_does_not_depend_on_micro_batch_size(tmp_path):
     """micro_batch_size is memory only: the same update with 1 or 32 sequences per forward."""
     a = _node(tmp_path, "mb32", lr=1e-3, ppo_epochs=1, num_minibatches=1, micro_batch_size=32)

@@ -11,8 +11,10 @@ accumulated over micro-batches of ``micro_batch_size`` sequences.
   separate pass.
 * **External completions** were sampled by other nodes' policies. With ``external_weight: truncated`` each
   external completion is weighted by ``min(1, exp(mean logp_ext − mean logp_own))`` under this node's policy
-  before the update, so that text this policy finds much less likely than its own counts less (the weights need
-  every old log-prob first).
+  before the update, so that text this policy finds much less likely than its own counts less. With one pass of one
+  step the own samples train first and their forward passes give ``logp_own``; only the own samples that do not
+  train take a separate (no-grad) pass, and the external ones are weighted from their own training forward. With
+  more passes or steps every sample's old log-prob is computed first.
 * **Reference model.** With ``beta`` > 0 the loss adds β·KL to a frozen copy of the initial policy.
 * **Zero advantage costs nothing.** With ``beta`` = 0 a completion whose advantage is 0 (every completion of a
   group whose rewards are all equal, the common case for a weak policy) adds 0 to the loss and its gradient, clipped
@@ -43,15 +45,26 @@ def external_loss_share(samples: list[TrainSample]) -> float | None:
     return sum(m for ext, m in mass if ext) / total if total > 0 else None
 
 
+def own_reference(own: list[torch.Tensor]) -> torch.Tensor | None:
+    """The mean over the node's own samples of each one's mean token log-prob (None without own samples): what an
+    external sample's likelihood is measured against."""
+    means = [lp.mean() for lp in own if lp.numel()]
+    return torch.stack(means).mean() if means else None
+
+
+def truncated_weight(logp: torch.Tensor, reference: torch.Tensor) -> float:
+    """``min(1, exp(mean logp(ext) - reference))``: an external sample's weight from its token log-probs."""
+    return float(torch.clamp(torch.exp(logp.mean() - reference), max=1.0))
+
+
 def truncated_external_weights(samples: list[TrainSample], old: list[torch.Tensor]) -> None:
     """Set each external sample's ``weight`` to ``min(1, exp(mean logp(ext) - mean logp(own)))`` (in place)."""
-    own = [lp.mean() for s, lp in zip(samples, old) if not s.external and lp.numel()]
-    if not own:
+    reference = own_reference([lp for s, lp in zip(samples, old) if not s.external])
+    if reference is None:
         return
-    reference = torch.stack(own).mean()
     for s, lp in zip(samples, old):
         if s.external and lp.numel():
-            s.weight = float(torch.clamp(torch.exp(lp.mean() - reference), max=1.0))
+            s.weight = truncated_weight(lp, reference)
 
 
 class GRPOUpdate:
@@ -87,16 +100,20 @@ class GRPOUpdate:
         cfg = self.section
         if not samples:
             return {"loss": None}
-        needs_old = cfg.ppo_epochs > 1 or cfg.num_minibatches > 1 or cfg.external_weight == "truncated"
+        single = cfg.ppo_epochs == 1 and cfg.num_minibatches == 1
+        truncated = cfg.external_weight == "truncated"
         trains = [cfg.beta > 0 or s.advantage != 0.0 for s in samples]  # the others add exactly 0 (module docstring)
         order = list(range(len(samples)))
         rng.shuffle(order)  # the first pass's order
         per_mb = math.ceil(len(order) / cfg.num_minibatches)
         old: list[torch.Tensor | None] | None = None
-        if cfg.external_weight == "truncated":  # the weights need every old log-prob before the first loss
+        # one pass of one step with truncated weights: the own samples train first, and their forward passes give the
+        # weights' reference; only the own samples that do not train need a pass of their own (module docstring)
+        fused = truncated and single
+        if truncated and not fused:  # the weights need every old log-prob before the first loss
             old = self.logprobs(self.model, samples)
             truncated_external_weights(samples, old)
-        elif needs_old:
+        elif not single:
             # The first minibatch of the first pass runs on the unchanged policy: its forward pass gives its old
             # log-probs (kept below). Only the samples after it need a separate pass before the first step.
             old = [None] * len(samples)
@@ -113,16 +130,36 @@ class GRPOUpdate:
                 n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_loss = 0.0
-                # sorted so that micro-batches waste little padding and a group's shared prompt runs once
-                mb_sorted = micro_batch_order(samples, [i for i in mb if trains[i]])
-                if not mb_sorted:  # the step all samples would have given: a zero gradient (Adam's moments still move)
+                # sorted so that micro-batches waste little padding and a group's shared prompt runs once; fused, the
+                # own samples first, then the external ones, weighted against the own samples' forward passes
+                if fused:
+                    own_first = [micro_batch_order(samples, [i for i in mb if trains[i] and not samples[i].external]),
+                                 micro_batch_order(samples, [i for i in mb if trains[i] and samples[i].external])]
+                    chunks = [part[mi:mi + cfg.micro_batch_size] for part in own_first
+                              for mi in range(0, len(part), cfg.micro_batch_size)]
+                    own_logp: list[torch.Tensor] = []
+                    reference = None
+                else:
+                    mb_sorted = micro_batch_order(samples, [i for i in mb if trains[i]])
+                    chunks = [mb_sorted[mi:mi + cfg.micro_batch_size] for mi in range(0, len(mb_sorted), cfg.micro_batch_size)]
+                if not chunks:  # the step all samples would have given: a zero gradient (Adam's moments still move)
                     for param in self.model.parameters():
                         if param.requires_grad:
                             param.grad = torch.zeros_like(param)
-                for mi in range(0, len(mb_sorted), cfg.micro_batch_size):
-                    idx = mb_sorted[mi:mi + cfg.micro_batch_size]
+                for idx in chunks:
                     chunk = [samples[i] for i in idx]
                     logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
+                    if fused:
+                        per_sample = logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
+                        if not chunk[0].external:  # own samples: weight 1, their log-probs join the reference
+                            own_logp.extend(per_sample)
+                        else:
+                            if reference is None:  # the own samples that did not train, on the unchanged policy
+                                idle = [s for s, t in zip(samples, trains) if not s.external and not t]
+                                reference = own_reference(own_logp + (self.logprobs(self.model, idle) if idle else []))
+                            if reference is not None:
+                                for sample, lp in zip(chunk, per_sample):
+                                    sample.weight = truncated_weight(lp, reference)
                     if old is None:  # one pass, one step: the old policy is the current one (ρ ≡ 1)
                         old_lp = logp.detach()
                     else:
