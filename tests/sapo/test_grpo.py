@@ -729,3 +729,48 @@ def test_external_loss_share_is_the_external_samples_share_of_weighted_advantage
     assert external_loss_share(own + ext) == pytest.approx(6.5 / 8.5)
     assert external_loss_share(own) == 0.0
     assert external_loss_share([TrainSample([1], [5], 0.0)]) is None  # nothing has an advantage
+
+
+def test_family_baselines_and_baseline_advantages_match_hand_computation():
+    from swarmlm.sapo.grpo import baseline_advantages, family_baselines
+
+    baselines = family_baselines(["products", "chain_sum", "products"], [[0.0, 0.1], [1.1, 0.1], [0.1, 0.1]])
+    assert baselines == pytest.approx({"products": 0.3 / 4, "chain_sum": 0.6, None: 1.5 / 6})
+    assert baseline_advantages([1.1, 0.1], baselines, "products") == pytest.approx([1.1 - 0.075, 0.1 - 0.075])
+    assert baseline_advantages([1.0], baselines, "basic_arithmetic") == pytest.approx([1.0 - 0.25])  # no own group of it
+    assert family_baselines([], []) == {} and baseline_advantages([1.0, 0.0], {}, "products") == [1.0, 0.0]
+
+
+def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails_at(tmp_path):
+    """--grpo.external-advantage own_baseline: an external group's advantages are its rewards minus this node's own
+    mean reward on the family this round. A peer's group answered right 8 times of 8 has no GRPO advantage, and is
+    never chosen under group (the default); measured against a node that fails the family it trains, pushed up."""
+    import random
+
+    from swarmlm.sapo.engines.base import Generated
+    from swarmlm.sapo.node import OwnRollouts
+    from swarmlm.sapo.records import RolloutRecord
+    from swarmlm.sapo.selection import ScoredGroup, select_external
+
+    own_rewards = [[0.1] * 8, [1.1, 0.1, 1.1, 0.1, 0.1, 0.1, 0.1, 0.1]]  # products all wrong; chain_sum 2 of 8
+    own = OwnRollouts(round=3, generated=[Generated([1, 2], [[10 + i] for i in range(8)], ["x"] * 8, [True] * 8)] * 2,
+                      scores=[[0.0] * 8, [1.0, 0, 1.0, 0, 0, 0, 0, 0]], gen_seconds=0.0, gen_tokens=0,
+                      families=["products", "chain_sum"])
+
+    def group(family, rewards):
+        record = RolloutRecord("node-1", 3, 0, family, "q", None, ["y"] * 8, "tiny-qwen2")
+        return ScoredGroup(record, rewards, prompt="What is 2 * 3?", completion_ids=[[50 + i] for i in range(8)])
+
+    right, wrong = group("products", [1.1] * 8), group("chain_sum", [0.1] * 8)
+    node = _node(tmp_path, "group")
+    assert select_external([right, wrong], 4, "uniform", random.Random(0), node._external_advantages(own, own_rewards)) == []
+    measured = _node(tmp_path, "own", external_advantage="own_baseline")
+    advantages = measured._external_advantages(own, own_rewards)
+    assert advantages(right) == pytest.approx([1.0] * 8) and advantages(wrong) == pytest.approx([-0.25] * 8)
+    chosen = select_external([right, wrong], 4, "uniform", random.Random(0), advantages)
+    assert {id(g) for g in chosen} == {id(right), id(wrong)}
+    samples = measured._samples(own, own_rewards, [right])
+    assert [s.advantage for s in samples if s.external] == pytest.approx([1.0] * 8)
+    # the own groups keep GRPO's advantages
+    expected = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).flatten().tolist()
+    assert [s.advantage for s in samples if not s.external] == pytest.approx(expected)

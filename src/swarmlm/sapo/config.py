@@ -87,6 +87,12 @@ class GRPOSection(StrictModel):
         "task", description="training reward of a completion that reached --generation.max-new-tokens without "
         "ending: task = what its answer earns, like any other; zero = 0 and no format bonus, and it is trained "
         "without an appended EOS (a reply has to end to count). Never part of reward_own")
+    external_advantage: Literal["group", "own_baseline"] = Field(
+        "group", description="advantage of an external completion: group = GRPO's, normalised within the peer's group "
+        "(the paper; a group the peer got all right, or all wrong, teaches nothing); own_baseline = its training reward "
+        "minus this node's mean training reward this round on the question's family (on all its own completions when "
+        "it drew none of that family), not normalised (as in Dr. GRPO, arXiv 2503.20783), so that a peer's right "
+        "answers on a family this node fails at count however many of the peer's were right")
     shuffle_advantages: bool = Field(
         False, description="control experiment, not training: permute each group's advantages among its completions "
         "before the update (own and external groups alike). The update then sees the same advantages with no link to "

@@ -31,6 +31,27 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return (rewards - mean) / (std + eps)
 
 
+def family_baselines(families: list[str], rewards: list[list[float]]) -> dict[str | None, float]:
+    """A node's mean reward per task family over its own groups (``families[i]`` is group ``i``'s), and under
+    ``None`` its mean over all of them: the baseline an external completion's reward is measured against under
+    ``external_advantage: own_baseline`` (:func:`baseline_advantages`). Empty without own groups."""
+    sums: dict[str | None, list[float]] = {}
+    for family, group in zip(families, rewards):
+        for key in (family, None):
+            total = sums.setdefault(key, [0.0, 0.0])
+            total[0] += sum(group)
+            total[1] += len(group)
+    return {key: total / count for key, (total, count) in sums.items() if count}
+
+
+def baseline_advantages(rewards: list[float], baselines: dict[str | None, float], family: str) -> list[float]:
+    """``A_i = r_i - b``, with ``b`` the receiver's own mean reward on ``family`` (its mean over every family where
+    it has none of this one; 0 without any own group): an external group's advantages measured against what the
+    receiver itself achieves, not against the sender's group mean, and not normalised (Dr. GRPO, arXiv 2503.20783)."""
+    b = baselines.get(family, baselines.get(None, 0.0))
+    return [r - b for r in rewards]
+
+
 def permuted_within_groups(advantages: list[list[float]], rng: random.Random) -> list[list[float]]:
     """Each group's advantages in a random order: the control of a reward-learning claim (what a run gains when
     the update sees exactly the same advantages, group by group, with no link to what each completion says)."""

@@ -35,7 +35,13 @@ from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
 from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
-from swarmlm.sapo.grpo import group_advantages, is_zero_advantage, permuted_within_groups
+from swarmlm.sapo.grpo import (
+    baseline_advantages,
+    family_baselines,
+    group_advantages,
+    is_zero_advantage,
+    permuted_within_groups,
+)
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.selection import ScoredGroup, select_external
@@ -297,6 +303,15 @@ class SAPONode:
                 "records_received": self.intake.last_received, "verify_seconds": self.intake.last_seconds}
         return pool, info
 
+    def _external_advantages(self, own: OwnRollouts, own_rewards: list[list[float]]):
+        """How external groups' advantages are computed: None for GRPO's within-group ones (``grpo.external_advantage
+        group``), else a function of a group giving its rewards minus this node's own mean reward on its family
+        this round (``own_baseline``; :func:`~swarmlm.sapo.grpo.baseline_advantages`)."""
+        if self.config.grpo.external_advantage == "group":
+            return None
+        baselines = family_baselines(own.families, own_rewards)
+        return lambda grp: baseline_advantages(grp.rewards, baselines, grp.record.family)
+
     def _samples(self, own: OwnRollouts, own_rewards: list[list[float]], external: list[ScoredGroup]) -> list[TrainSample]:
         """The update's samples: own groups with ``own_rewards`` (:meth:`_own_training_rewards`), then ``external``."""
         samples = []
@@ -310,8 +325,10 @@ class SAPONode:
                 samples.append(TrainSample(gen.prompt_ids, self._trained_ids(ids), a))
         if external:  # the receiver's own question text, and the completions exactly as they were scored
             prompt_ids = self._prompt_ids([grp.prompt for grp in external])
+            measured = self._external_advantages(own, own_rewards)
             for grp, p_ids in zip(external, prompt_ids):
-                advs = group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist()
+                advs = (group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist() if measured is None
+                        else measured(grp))
                 if control is not None:
                     advs = permuted_within_groups([advs], control)[0]
                 for ids, a in zip(grp.completion_ids, advs):
@@ -369,8 +386,9 @@ class SAPONode:
         else:
             pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
                               "records_received": 0, "accepted_sources": {}, "verify_seconds": 0.0}
-        chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng)
         own_training_rewards = self._own_training_rewards(own)
+        chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng,
+                                 self._external_advantages(own, own_training_rewards))
         samples = self._samples(own, own_training_rewards, chosen)
         started = time.perf_counter()
         train_stats = self.update(samples, round)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 from swarmlm.sapo.records import RolloutRecord
 
@@ -33,8 +33,11 @@ class ScoredGroup:
         return sum(scores) / len(scores)
 
 
-def select_external(pool: list[ScoredGroup], j: int, policy: SelectionPolicy, rng: random.Random) -> list[ScoredGroup]:
-    """Drop zero-advantage groups, then pick up to ``j`` of the rest.
+def select_external(pool: list[ScoredGroup], j: int, policy: SelectionPolicy, rng: random.Random,
+                    advantages: Callable[[ScoredGroup], list[float]] | None = None) -> list[ScoredGroup]:
+    """Drop zero-advantage groups, then pick up to ``j`` of the rest. ``advantages`` gives a group's advantages
+    where they are not GRPO's within-group ones (``external_advantage: own_baseline``): a group then counts as
+    zero-advantage when all of those are 0.
 
     ``uniform`` samples without replacement, ``first_valid`` keeps arrival order, and ``top_reward``
     takes the highest mean rewards (ties keep arrival order). Fewer than ``j`` valid groups means
@@ -44,7 +47,10 @@ def select_external(pool: list[ScoredGroup], j: int, policy: SelectionPolicy, rn
         return []
     from swarmlm.sapo.grpo import is_zero_advantage  # imports torch: not at import, where the configs need this module
 
-    valid = [g for g in pool if not is_zero_advantage(g.rewards)]
+    if advantages is None:
+        valid = [g for g in pool if not is_zero_advantage(g.rewards)]
+    else:
+        valid = [g for g in pool if any(abs(a) > 1e-9 for a in advantages(g))]
     if policy == "uniform":
         return rng.sample(valid, min(j, len(valid)))
     if policy == "first_valid":
