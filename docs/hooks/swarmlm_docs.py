@@ -241,9 +241,10 @@ def sapo_specialists(name: str = "sapo_specialists") -> str:
     seed, all families at the end, and what sharing carried (``swarmlm sapo experiment --scenario specialists``)."""
     spec = _load(name)["specialists"]
     base = spec["baseline"]
+    own = "own family" if spec.get("set_apart_by", "draws") == "draws" else "its expert family"
     lines = [
         f"| I / J | unseen, round 0 | unseen, end | unseen, change | unseen end vs {base} | all families, end "
-        f"| all end vs {base} | own family, end | external groups / round | external share of the update |",
+        f"| all end vs {base} | {own}, end | external groups / round | external share of the update |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for config, row in spec["configurations"].items():
@@ -261,7 +262,8 @@ def sapo_specialists_by_family(name: str = "sapo_specialists") -> str:
     """Per configuration and family: held-out pass@1 on the family of the nodes that draw it and of the others, at
     round 0 and at the end: whether what a family's specialists learned reached the rest."""
     data = _load(name)
-    lines = ["| I / J | family | nodes drawing it: round 0 | end | the others: round 0 | end |", "|---|---|---|---|---|---|"]
+    whose = "nodes drawing it" if data["specialists"].get("set_apart_by", "draws") == "draws" else "its experts"
+    lines = [f"| I / J | family | {whose}: round 0 | end | the others: round 0 | end |", "|---|---|---|---|---|---|"]
     for config, row in data["specialists"]["configurations"].items():
         for family in data["settings"]["tasks"]:
             cells = [_ci_cell(row.get(f"family:{family}:{who}_{when}"))
@@ -327,6 +329,10 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_experiment_amd_epyc": lambda: sapo_experiment("sapo_experiment_amd_epyc"),
     "sapo_specialists": sapo_specialists,
     "sapo_specialists_by_family": sapo_specialists_by_family,
+    "sapo_experts": lambda: sapo_specialists("sapo_experts"),
+    "sapo_experts_by_family": lambda: sapo_specialists_by_family("sapo_experts"),
+    "sapo_experts_arch": lambda: sapo_specialists("sapo_experts_arch"),
+    "sapo_experts_arch_by_family": lambda: sapo_specialists_by_family("sapo_experts_arch"),
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }

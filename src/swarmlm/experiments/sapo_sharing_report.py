@@ -147,7 +147,7 @@ def _specialist_lines(results: dict[str, Any]) -> list[str]:
 def _family_lines(config, results: dict[str, Any]) -> list[str]:
     spec = results["specialists"]
     whose = "nodes drawing it" if spec.get("set_apart_by", "draws") == "draws" else "its experts"
-    lines = ["", f"By family: held-out pass@1 on each family of the {whose} and of the others, at round 0 and "
+    lines = ["", f"By family: held-out pass@1 on each family of {'the ' if whose.startswith('nodes') else ''}{whose} and of the others, at round 0 and "
              "at the end (mean over those nodes; mean ± 95% CI over seeds):", "",
              f"| I / J | family | {whose}: start | end | the others: start | end |", "|---|---|---|---|---|---|"]
     for c, row in spec["configurations"].items():
