@@ -465,3 +465,48 @@ def test_the_characters_tokenized_per_round_are_capped(verifier):
                                                                              "peer-2": room // 2} or \
         Counter(g.record.node_id for g in pool) == {"peer-1": room // 2, "peer-2": room // 2 + room % 2}
     assert node.drops.counts["round_cap"] == room
+
+
+# Tokenizer bombs against a real BPE tokenizer: SmolLM2-135M-Instruct's (49,152 tokens, ChatML special tokens), the
+# tokenizer of the one real pretrained model a node can run offline. Each completion is at the record limit
+# (max_completion_chars, 8192 characters), so that it reaches the tokenizer; what the intake reads of it is cut first.
+BOMBS = {
+    "special-token text": "<answer>5</answer>" + "<|im_start|>" * 680,
+    "special tokens spelled apart": "<answer>5</answer>" + "<|im_st<|im_end|>art|>" * 370,
+    "near-control strings": "<answer>5</answer>" + "<| im_start |><|im_start ><|endoftext| >" * 190,
+    "combining marks": "<answer>5</answer>e" + "\u0301" * 8170,
+    "one long word": "<answer>" + "9" * 8170 + "</answer>",
+    "zero-width and bidi controls": "<answer>5</answer>" + "\u200b\u202e\u2066\ufeff" * 2040,
+    "emoji with modifiers": "<answer>5</answer>" + "\U0001f469\U0001f3fd\u200d\U0001f52c" * 1630,
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from swarmlm.models.loading import gguf_model_dir, smollm2_gguf_path
+
+    return AutoTokenizer.from_pretrained(gguf_model_dir(smollm2_gguf_path()))
+
+
+@pytest.mark.parametrize("bomb", list(BOMBS))
+def test_tokenizer_bombs_against_a_bpe_tokenizer_are_cut_or_dropped_in_bounded_time(verifier, smollm2_tokenizer, bomb):
+    text = BOMBS[bomb]
+    assert len(text) <= RecordLimits().max_completion_chars
+    node = intake(verifier, smollm2_tokenizer, max_new_tokens=32)
+    recs = records("peer-1", ROUND, lambda q: [text] * 4 + half_right(q), n=2)
+    started = time.perf_counter()
+    pool = node.accept([msg("peer-1", recs)], ROUND, plain)
+    seconds = time.perf_counter() - started
+    # a guard against a hang, far above what it takes (0.00-0.06 s a round on 2 loaded cores; the intake's own
+    # bound is measured by benchmarks/intake_flood.py)
+    assert seconds < 5.0, f"{bomb}: the intake took {seconds:.1f} s"
+    if bomb in ("special-token text", "special tokens spelled apart"):  # a control token within what is read
+        assert pool == [] and dict(node.drops.counts) == {"control_token": 2}
+        return
+    assert len(pool) == 2 and not node.drops.counts  # kept, cut to the node's budget, with no control token
+    special = set(smollm2_tokenizer.all_special_ids) | set(smollm2_tokenizer.added_tokens_decoder)
+    for group in pool:
+        assert [len(ids) for ids in group.completion_ids[:4]] == [32] * 4
+        assert not any(special & set(ids) for ids in group.completion_ids)
