@@ -500,13 +500,33 @@ def test_node_update_truncated_external_weights(tmp_path):
     assert "external_weight" not in plain.update(_update_samples(plain.tokenizer.eos_token_id))  # none external
 
 
+def _sgd_step_of_the_whole_batch(model, samples: list[TrainSample], pad_id: int, weighted: bool = False) -> None:
+    """The update's step computed here over every sample at once: the loss at ρ ≡ 1, clipping, SGD with momentum."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    logp, mask = token_logprobs(model, collate(samples, pad_id))
+    weights = torch.tensor([s.weight for s in samples]) if weighted else None
+    grpo_loss(logp, logp.detach(), torch.tensor([s.advantage for s in samples]), mask, weights=weights)[0].backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def _record_forwarded(monkeypatch) -> list[TrainSample]:
+    """The samples the update passes through the model from now on (training and no-grad passes alike)."""
+    import swarmlm.sapo.update as update_module
+
+    forwarded: list[TrainSample] = []
+    real = update_module.sample_logprobs
+    monkeypatch.setattr(update_module, "sample_logprobs",
+                        lambda model, chunk, pad: forwarded.extend(chunk) or real(model, chunk, pad))
+    return forwarded
+
+
 def test_fused_truncated_weights_take_the_step_of_weights_computed_beforehand(tmp_path, monkeypatch):
     """One pass of one step with truncated weights: the external samples are weighted from their own training
     forward against the own samples' (taken from theirs, plus one no-grad pass of the own samples that do not train),
     and the step is the one of the weights computed by a separate pass over every sample first."""
     import copy
 
-    import swarmlm.sapo.update as update_module
     from swarmlm.sapo.update import truncated_external_weights
 
     node = _node(tmp_path, "fused", external_weight="truncated", micro_batch_size=2)
@@ -520,17 +540,8 @@ def test_fused_truncated_weights_take_the_step_of_weights_computed_beforehand(tm
     with torch.no_grad():
         logp, mask = token_logprobs(reference, collate(expected, node.tokenizer.pad_token_id))
     truncated_external_weights(expected, list(logp[mask].split(mask.sum(dim=1).tolist())))
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    logp, mask = token_logprobs(reference, collate(expected, node.tokenizer.pad_token_id))
-    weights = torch.tensor([s.weight for s in expected])
-    grpo_loss(logp, logp.detach(), torch.tensor([s.advantage for s in expected]), mask, weights=weights)[0].backward()
-    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
-    opt.step()
-
-    forwarded = []
-    real = update_module.sample_logprobs
-    monkeypatch.setattr(update_module, "sample_logprobs",
-                        lambda model, chunk, pad: forwarded.extend(chunk) or real(model, chunk, pad))
+    _sgd_step_of_the_whole_batch(reference, expected, node.tokenizer.pad_token_id, weighted=True)
+    forwarded = _record_forwarded(monkeypatch)
     stats = node.update(samples)
     # 6 samples train, and the one own sample that does not is the only extra pass (the separate pass took all 8)
     assert len(forwarded) == 7 and sum(s.advantage == 0 and not s.external for s in forwarded) == 1
@@ -561,8 +572,6 @@ def test_node_update_skips_zero_advantage_samples_and_takes_the_same_step(tmp_pa
     tokens stay in the token mean's denominator (checked against the loss of the whole batch, computed here)."""
     import copy
 
-    import swarmlm.sapo.update as update_module
-
     node = _node(tmp_path, "skip")
     # SGD with momentum here (Adam would magnify float noise in near-zero gradients into visible differences)
     node.updater.optimizer = node.optimizer = torch.optim.SGD(node.model.parameters(), lr=0.1, momentum=0.9)
@@ -570,17 +579,8 @@ def test_node_update_skips_zero_advantage_samples_and_takes_the_same_step(tmp_pa
     for s in samples[:5]:
         s.advantage = 0.0
     reference = copy.deepcopy(node.model)
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    logp, mask = token_logprobs(reference, collate(samples, node.tokenizer.pad_token_id))
-    adv = torch.tensor([s.advantage for s in samples])
-    grpo_loss(logp, logp.detach(), adv, mask)[0].backward()
-    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
-    opt.step()
-
-    forwarded = []
-    real = update_module.sample_logprobs
-    monkeypatch.setattr(update_module, "sample_logprobs",
-                        lambda model, chunk, pad: forwarded.extend(chunk) or real(model, chunk, pad))
+    _sgd_step_of_the_whole_batch(reference, samples, node.tokenizer.pad_token_id)
+    forwarded = _record_forwarded(monkeypatch)
     stats = node.update(samples)
     assert len(forwarded) == 3 and all(s.advantage != 0 for s in forwarded)
     assert stats["trained_samples"] == pytest.approx(3 / 8)
