@@ -333,6 +333,8 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_experts_by_family": lambda: sapo_specialists_by_family("sapo_experts"),
     "sapo_experts_arch": lambda: sapo_specialists("sapo_experts_arch"),
     "sapo_experts_arch_by_family": lambda: sapo_specialists_by_family("sapo_experts_arch"),
+    "sapo_experts_own_baseline": lambda: sapo_specialists("sapo_experts_own_baseline"),
+    "sapo_experts_own_baseline_by_family": lambda: sapo_specialists_by_family("sapo_experts_own_baseline"),
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }

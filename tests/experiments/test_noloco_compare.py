@@ -35,6 +35,14 @@ def test_runs_share_everything_but_the_outer_step(tmp_path):
     h50 = train_config(config, 4, 0, "noloco", 50).model_dump()
     assert {k for k in h50 if h50[k] != runs["noloco"][k]} == {"out", "outer"} and h50["outer"]["every"] == 50
     assert train_config(config, 4, 0, "ddp", 50).model_dump() == runs["ddp"]
+    # the comparisons' variants: the reference's design (DiLoCo heavy-ball at 2H, its own run directory in the cell
+    # of H) and the control at equal effective step (NoLoCo at alpha 0.3); nothing else differs
+    hb2 = train_config(config, 4, 0, "diloco-hb-2h", 20).model_dump()
+    assert {k for k in hb2 if hb2[k] != runs["diloco-hb"][k]} == {"out", "outer"} and hb2["outer"]["every"] == 40
+    assert "/H20/M4/seed-0/diloco-hb-2h" in hb2["out"]
+    alpha = train_config(config, 4, 0, "noloco-alpha0.3", 20).model_dump()
+    assert {k for k in alpha if alpha[k] != runs["noloco"][k]} == {"out", "noloco"}
+    assert alpha["noloco"] == {**runs["noloco"]["noloco"], "alpha": 0.3}
     assert "/H20/M4/seed-0/noloco" in runs["noloco"]["out"] and runs["ddp"]["out"].endswith("/runs/M4/seed-0/ddp")
     # in one process, the backend's clock charges the comparison's link; with processes it is only modelled
     assert runs["noloco"]["network"]["latency_ms"] == 100 and runs["noloco"]["network"]["inject"] is False
@@ -146,7 +154,7 @@ def test_compare_miniature_in_process(tmp_path):
     out = tmp_path / "cmp"
     args = ["--log-level", "WARNING", "noloco", "compare", "--out", str(out), "--replicas", "2,4", "--seeds", "0,1",
             "--outer.every", "2,4", "--steps", "8", "--eval-every", "4", "--eval-batches", "1", "--seq-len", "16",
-            "--batch-size", "2", "--calibration-steps", "3", "--progress", "false"]
+            "--batch-size", "2", "--calibration-steps", "3", "--progress", "false", "--methods", "ddp,diloco,diloco-hb,noloco"]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert len(results["timings"]) == 2 * 2 * (1 + 3 * 2)  # (M, seed) x (ddp once + three methods per H)
@@ -193,3 +201,31 @@ def test_compare_miniature_in_process(tmp_path):
     assert "| 4 | 4 | " in text and "common target" in text and "NoLoCo / DiLoCo (heavy-ball)" in text
     assert main(args) == 0
     assert json.loads((out / "results.json").read_text())["timings"] == {}
+
+
+def test_compare_comparisons(tmp_path):
+    """The study's comparisons in miniature (M = 2, two seeds, H = 2): the DiLoCo of the reference's design runs
+    at 2H and is reported in the cell of H, and each comparison's ratio is the NoLoCo variant's final perplexity
+    over its DiLoCo variant's, seed by seed."""
+    from swarmlm.cli import main
+    from swarmlm.experiments.noloco_compare_report import COMPARISONS
+
+    out = tmp_path / "cmp"
+    methods = "diloco-hb,diloco-hb-2h,noloco,noloco-alpha0.3,diloco-matched"
+    assert main(["--log-level", "WARNING", "noloco", "compare", "--out", str(out), "--replicas", "2", "--seeds", "0,1",
+                 "--outer.every", "2", "--steps", "8", "--eval-every", "4", "--eval-batches", "1", "--seq-len", "16",
+                 "--batch-size", "2", "--calibration-steps", "3", "--progress", "false", "--methods", methods]) == 0
+    results = json.loads((out / "results.json").read_text())
+    every = {r["variant"]: (r["H"], r["outer_every"]) for r in results["runs"]}
+    assert every["diloco-hb-2h"] == (2, 4) and every["diloco-hb"] == every["noloco"] == (2, 2)
+    rows = results["table"]["H2"]["M2"]
+    assert set(results["comparisons"]) == set(COMPARISONS)
+    for name, (subject, reference) in COMPARISONS.items():
+        ratio = results["comparisons"][name]["H2"]["M2"]
+        seeds = rows[subject]["final_val_ppl_seeds"]
+        per_seed = [seeds[s] / rows[reference]["final_val_ppl_seeds"][s] for s in seeds]
+        assert ratio["n"] == 2 and ratio["mean"] == pytest.approx(np.mean(per_seed))
+    # the reference's DiLoCo synchronised half as often as at H
+    assert rows["diloco-hb-2h"]["final_val_ppl"] != rows["diloco-hb"]["final_val_ppl"]
+    text = (out / "results.md").read_text()
+    assert "The comparisons" in text and "| equal H | noloco / diloco-hb | 2 | 2 |" in text

@@ -9,10 +9,16 @@ and inner hyperparameters; each method's outer hyperparameters are those of its 
 - ``diloco-hb``: the NoLoCo reference's DiLoCo baseline, heavy-ball SGD, lr 0.7, momentum 0.3;
 - ``noloco``: α = 0.5, β = γ = 0.7, heavy-ball, random pairs (NoLoCo, arXiv 2506.10911).
 
-Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of them. ``diloco-matched``
-(opt-in) is a control rather than a baseline: DiLoCo with NoLoCo's own outer step (heavy-ball, lr 0.7,
-momentum 0.5), which is NoLoCo with the group = all replicas and γ = 0. Against it, NoLoCo differs only in
-averaging with one partner instead of all replicas.
+Both DiLoCo baselines are run, and every NoLoCo ratio is given against each of them. Three more variants make
+the study's comparisons (the report's "comparisons" table):
+
+- ``diloco-hb-2h``: ``diloco-hb`` synchronising every 2H where NoLoCo does every H, the NoLoCo reference's own
+  design (its configs: 100 against 50; about the same bytes per replica over a run);
+- ``diloco-matched``: a control, DiLoCo with NoLoCo's own outer step (heavy-ball, lr 0.7, momentum 0.5), which is
+  NoLoCo with the group = all replicas and γ = 0. Against it NoLoCo differs only in averaging with one partner
+  instead of all replicas, at the same effective outer step (heavy-ball moves a steady pseudo-gradient by
+  lr / (1 − momentum): 1.4 at 0.5, 1.0 at 0.3);
+- ``noloco-alpha0.3``: the other control at equal effective step, NoLoCo at α = 0.3 against ``diloco-hb``.
 
 Each (H, M, seed, method) is one ``noloco train`` run under ``DIR/runs/H<H>/M<M>/seed-<s>/<method>/`` (DDP,
 which has no outer step, once per (M, seed) under ``DIR/runs/M<M>/seed-<s>/ddp/``, shown with every H). By default
@@ -73,7 +79,7 @@ from swarmlm.noloco.config import (
 
 log = logging.getLogger(__name__)
 
-Variant = Literal["ddp", "diloco", "diloco-hb", "noloco", "noloco-pp2", "diloco-matched"]
+Variant = Literal["ddp", "diloco", "diloco-hb", "diloco-hb-2h", "noloco", "noloco-alpha0.3", "noloco-pp2", "diloco-matched"]
 
 # Each method's outer hyperparameters, from its paper (DiLoCo arXiv 2311.08105, NoLoCo arXiv 2506.10911) or the NoLoCo
 # reference code's DiLoCo baseline; never tuned here.
@@ -86,6 +92,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a control, not a baseline: DiLoCo with NoLoCo's outer step (heavy-ball α = 0.5, lr β = 0.7), which is what
     # NoLoCo becomes with the group = all replicas and γ = 0; it isolates pairs against all-reduce
     "diloco-matched": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.5, "nesterov": False}},
+    # the NoLoCo reference's own comparison design: its DiLoCo baseline synchronises every 2H where NoLoCo does
+    # every H (its configs: 100 against 50); a ring all-reduce sends about twice the model per replica where a pair
+    # exchange sends it once, so over a run both send about the same bytes per replica
+    "diloco-hb-2h": {"method": "diloco", "diloco": {"lr": 0.7, "momentum": 0.3, "nesterov": False}, "h_factor": 2},
+    # the control at equal effective outer step: a steady pseudo-gradient moves heavy-ball by lr / (1 - momentum),
+    # 1.4 for NoLoCo's α = 0.5 and 1.0 for the DiLoCo baseline's 0.3; NoLoCo at α = 0.3 against diloco-hb, as
+    # diloco-matched (DiLoCo at 0.5) against noloco, compares the two at the same step
+    "noloco-alpha0.3": {"method": "noloco", "noloco": {"alpha": 0.3}},
 }
 class CompareNetworkSection(NetworkSection):
     """The link of the simulated wall-clock; by default 100 ms and 1 Gbit/s between every two replicas."""
@@ -120,16 +134,21 @@ class CompareInnerSection(InnerSection):
 class CompareConfig(StrictModel):
     """``swarmlm noloco compare``: the three methods (and both DiLoCo baselines), trained alike.
 
-    The defaults are the study of docs/results/noloco-vs-diloco.md (M = 4, 8, 16; seeds 0, 1, 2; H = 20 and 50; 1500 steps, so 30 outer
-    steps at H = 50), sized to end in about 90 minutes on one CPU core with the in-process backend."""
+    The defaults are the study of docs/results/noloco-vs-diloco.md (M = 4, 8, 16; H = 20 and 50; 1500 steps, so 30 outer
+    steps at H = 50) with its three comparisons (the reference's design, equal H, equal effective step) over 5 seeds:
+    13 runs per (M, seed), about 4 to 5 hours on one CPU core with the in-process backend (the first four methods
+    over seeds 0-2 took about 90 minutes). It resumes from the runs that finished."""
 
     out: str = Field("runs/noloco-compare", description="output directory (results.json, results.md, ppl-H*.png, "
                                                        "ratio.png, std.png)")
     backend: Backend = Field("in_process", description="in_process: each run's M replicas in this process, stepped in "
                                                        "turn; auto, gloo, nccl: one process per replica")
     replicas: list[int] = Field([4, 8, 16], description="M values to compare (e.g. 4,8,16)")
-    methods: list[Variant] = Field(["ddp", "diloco", "diloco-hb", "noloco"], description="methods to train")
-    seeds: list[int] = Field([0, 1, 2], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
+    methods: list[Variant] = Field(
+        ["ddp", "diloco", "diloco-hb", "diloco-hb-2h", "noloco", "noloco-alpha0.3", "diloco-matched"],
+        description="methods to train: ddp, diloco, diloco-hb, noloco, and the comparisons' diloco-hb-2h (DiLoCo at 2H, "
+        "the reference's design), diloco-matched and noloco-alpha0.3 (equal effective outer step); noloco-pp2 opt-in")
+    seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
     model: str = Field("nano-llama", description="model preset, directory or hub id (the same for every method)")
     steps: int = Field(1500, ge=1, description="inner steps per replica (the same token budget for every method)")
     seq_len: int = Field(32, ge=8, description="tokens per training sequence")
@@ -197,14 +216,16 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str, h: int 
     spec = VARIANTS[variant]
     ddp = spec["method"] == "ddp"
     h = min(config.outer.every) if ddp or h is None else h
+    every = h * spec.get("h_factor", 1)  # the run's own H (the cell's, or a multiple of it)
     data = {
         "method": spec["method"], "nproc": m, "out": str(run_dir(config.out, m, seed, variant, None if ddp else h)),
         "model": config.model, "backend": config.backend, "device": config.device,
         "steps": config.steps, "seq_len": config.seq_len, "batch_size": config.batch_size, "grad_accum": config.grad_accum,
         "seed": seed, "eval_every": config.eval_every, "eval_batches": config.eval_batches,
         "checkpoint_every": config.checkpoint_every, "keep_checkpoints": 1, "progress": False,
-        "inner": config.inner.model_dump(), "outer": {**config.outer.model_dump(), "every": h},
-        "noloco": config.noloco.model_dump(), "data": config.data.model_dump(), "exchange": config.exchange.model_dump(),
+        "inner": config.inner.model_dump(), "outer": {**config.outer.model_dump(), "every": every},
+        "noloco": {**config.noloco.model_dump(), **spec.get("noloco", {})}, "data": config.data.model_dump(),
+        "exchange": config.exchange.model_dump(),
     }
     if "diloco" in spec:
         data["diloco"] = spec["diloco"]
@@ -426,7 +447,9 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
     last = {r: rows[-1] for r, rows in records.items() if rows}
     final = curve[-1] if curve and curve[-1]["step"] == steps else None
     return {
-        "variant": variant, "method": run.method, "H": None if run.method == "ddp" else every, "M": m, "seed": run.seed,
+        # H is the cell's (diloco-hb-2h runs at twice it: outer_every)
+        "variant": variant, "method": run.method, "H": None if run.method == "ddp" else every // VARIANTS[variant].get("h_factor", 1),
+        "outer_every": None if run.method == "ddp" else every, "M": m, "seed": run.seed,
         "steps": steps, "out": run.out, "backend": run.backend,
         "final_val_ppl": final["val_ppl"] if final else None,
         "final_val_ppl_ranks": final["val_ppl_ranks"] if final else None,

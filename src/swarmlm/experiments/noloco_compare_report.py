@@ -16,11 +16,24 @@ from swarmlm.experiments.plots import pyplot
 from swarmlm.experiments.stats import mean_ci
 
 COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan",
-          "diloco-matched": "tab:purple"}
+          "diloco-matched": "tab:purple", "diloco-hb-2h": "tab:brown", "noloco-alpha0.3": "tab:green"}
 LABELS = {"ddp": "DDP", "diloco": "DiLoCo (Nesterov 0.9)", "diloco-hb": "DiLoCo (heavy-ball 0.3)", "noloco": "NoLoCo",
-          "noloco-pp2": "NoLoCo, 2 stages, random routing", "diloco-matched": "DiLoCo with NoLoCo's outer step (control)"}
-REFERENCES_ORDER = ("diloco", "diloco-hb", "diloco-matched")  # the last is a control, when it was run
-SHORT = {"diloco": "DiLoCo (Nesterov)", "diloco-hb": "DiLoCo (heavy-ball)", "diloco-matched": "the control"}
+          "noloco-pp2": "NoLoCo, 2 stages, random routing", "diloco-matched": "DiLoCo with NoLoCo's outer step (control)",
+          "diloco-hb-2h": "DiLoCo (heavy-ball 0.3) at 2H", "noloco-alpha0.3": "NoLoCo at α 0.3 (control)"}
+# the baselines every method is compared with, where they were run (the last three: the reference's design and the
+# controls)
+REFERENCES_ORDER = ("diloco", "diloco-hb", "diloco-hb-2h", "diloco-matched")
+SHORT = {"diloco": "DiLoCo (Nesterov)", "diloco-hb": "DiLoCo (heavy-ball)", "diloco-hb-2h": "DiLoCo (heavy-ball) at 2H",
+         "diloco-matched": "the control"}
+# The study's comparisons, each a NoLoCo variant against the DiLoCo variant it is paired with, reported where both ran:
+# the NoLoCo reference's design, equal H, and equal effective outer step (heavy-ball moves a steady pseudo-gradient
+# by lr / (1 - momentum): 1.4 at momentum 0.5, NoLoCo's α, and 1.0 at 0.3, the reference's DiLoCo baseline's).
+COMPARISONS: dict[str, tuple[str, str]] = {
+    "the reference's design: DiLoCo at 2H": ("noloco", "diloco-hb-2h"),
+    "equal H": ("noloco", "diloco-hb"),
+    "equal effective step, momentum 0.5": ("noloco", "diloco-matched"),
+    "equal effective step, momentum 0.3": ("noloco-alpha0.3", "diloco-hb"),
+}
 CLOCKS = ("calibrated", "measured")
 AXES = (*CLOCKS, "steps")  # the two simulated clocks, and inner steps (a link that costs nothing)
 
@@ -32,6 +45,9 @@ DESC = {
     "noloco-pp2": "the same, with the model in 2 pipeline stages and the NoLoCo paper's random routing; M × 2 processes",
     "diloco-matched": "control: all-reduce every H steps with NoLoCo's own outer step (heavy-ball lr 0.7, momentum 0.5), "
                       "i.e. NoLoCo with the group = all replicas",
+    "diloco-hb-2h": "DiLoCo heavy-ball 0.3 with an all-reduce every 2H steps: the NoLoCo reference's comparison design "
+                    "(about the bytes per replica of NoLoCo every H)",
+    "noloco-alpha0.3": "control: NoLoCo with outer momentum α 0.3, the DiLoCo baseline's (the same effective outer step)",
 }
 
 
@@ -156,6 +172,17 @@ def compare_table(config, numbers: list[dict[str, Any]]) -> tuple[dict[str, Any]
     return table, cell_targets
 
 
+def comparisons(config, table: dict[str, Any]) -> dict[str, Any]:
+    """``out[name][H<h>][M<m>]``: each of :data:`COMPARISONS` whose two methods both ran, the NoLoCo variant's final
+    perplexity over the DiLoCo variant's in every cell (per seed, then mean and 95% interval)."""
+    out: dict[str, Any] = {}
+    for name, (subject, reference) in COMPARISONS.items():
+        if subject in config.methods and reference in config.methods:
+            out[name] = {hkey: {mkey: (rows.get(subject) or {}).get(f"ratio_to_{reference}") for mkey, rows in cells.items()}
+                         for hkey, cells in table.items()}
+    return out
+
+
 def targets(config, table: dict[str, Any]) -> dict[str, Any]:
     """NoLoCo against each baseline in every cell: perplexity ratio (and whether it is within 1% or better), and the
     wall-clock speed-up to the common target."""
@@ -253,6 +280,14 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
             noloco = rows.get("noloco", {})
             lines.append(f"| {hkey[1:]} | {mkey[1:]} | " + "".join(f"{_ratio(noloco.get(f'ratio_to_{r}'))} | " for r in refs)
                          + f"{_ratio(_ddp_ratio(rows))} |")
+    if results.get("comparisons"):
+        lines += ["", "## The comparisons: NoLoCo variant / DiLoCo variant, final validation perplexity", "",
+                  "| comparison | methods | H | M | ratio (below 1: NoLoCo better) |", "|---|---|---|---|---|"]
+        for name, cells in results["comparisons"].items():
+            subject, reference = COMPARISONS[name]
+            for hkey, by_m in cells.items():
+                for mkey, ratio in by_m.items():
+                    lines.append(f"| {name} | {subject} / {reference} | {hkey[1:]} | {mkey[1:]} | {_ratio(ratio)} |")
     lines += [
         "",
         "## Final validation perplexity",
@@ -467,6 +502,7 @@ def write_report(config, numbers: list[dict[str, Any]], calibration: dict[str, A
         "table": table,
         "common_target_ppl": cell_targets,
         "targets": targets(config, table),
+        "comparisons": comparisons(config, table),
         "runs": numbers,
         "wall_s": wall_s,
         "timings": timings,
