@@ -753,7 +753,8 @@ def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails
     from swarmlm.sapo.selection import ScoredGroup, select_external
 
     own_rewards = [[0.1] * 8, [1.1, 0.1, 1.1, 0.1, 0.1, 0.1, 0.1, 0.1]]  # products all wrong; chain_sum 2 of 8
-    own = OwnRollouts(round=3, generated=[Generated([1, 2], [[10 + i] for i in range(8)], ["x"] * 8, [True] * 8)] * 2,
+    own = OwnRollouts(round=3, generated=[Generated([1, 2], [[10 + i] for i in range(8)], ["<answer>9</answer>"] * 8,
+                                                    [True] * 8)] * 2,
                       scores=[[0.0] * 8, [1.0, 0, 1.0, 0, 0, 0, 0, 0]], gen_seconds=0.0, gen_tokens=0,
                       families=["products", "chain_sum"])
 
@@ -761,11 +762,13 @@ def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails
         record = RolloutRecord("node-1", 3, 0, family, "q", None, ["y"] * 8, "tiny-qwen2")
         return ScoredGroup(record, rewards, prompt="What is 2 * 3?", completion_ids=[[50 + i] for i in range(8)])
 
-    right, wrong = group("products", [1.1] * 8), group("chain_sum", [0.1] * 8)
+    # a peer's rewards carry no format bonus (--grpo.external-format-reward false), and the baselines are the own
+    # rewards counted the same way (without the bonus their spans earn in own_rewards): products 0, chain_sum 0.25
+    right, wrong = group("products", [1.0] * 8), group("chain_sum", [0.0] * 8)
     node = _node(tmp_path, "group")
-    assert select_external([right, wrong], 4, "uniform", random.Random(0), node._external_advantages(own, own_rewards)) == []
+    assert select_external([right, wrong], 4, "uniform", random.Random(0), node._external_advantages(own)) == []
     measured = _node(tmp_path, "own", external_advantage="own_baseline")
-    advantages = measured._external_advantages(own, own_rewards)
+    advantages = measured._external_advantages(own)
     assert advantages(right) == pytest.approx([1.0] * 8) and advantages(wrong) == pytest.approx([-0.25] * 8)
     chosen = select_external([right, wrong], 4, "uniform", random.Random(0), advantages)
     assert {id(g) for g in chosen} == {id(right), id(wrong)}

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 import pytest
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -510,3 +511,35 @@ def test_tokenizer_bombs_against_a_bpe_tokenizer_are_cut_or_dropped_in_bounded_t
     for group in pool:
         assert [len(ids) for ids in group.completion_ids[:4]] == [32] * 4
         assert not any(special & set(ids) for ids in group.completion_ids)
+
+
+@pytest.mark.parametrize("external_format_reward", [False, True])
+def test_a_peer_cannot_teach_a_wrong_answer_through_the_format_bonus(tmp_path, verifier, external_format_reward):
+    """A peer's group for its genuine question, every reply wrong, half of them in an <answer> span: by default
+    (--grpo.external-format-reward false) its training rewards are the task's, all 0, so it has no advantage and is
+    never selected; with the bonus on external completions too, the wrapped wrong answers would rise (the attack),
+    while the node's own completions keep the bonus either way."""
+    from swarmlm.sapo.config import SAPOConfig
+    from swarmlm.sapo.grpo import group_advantages, is_zero_advantage
+    from swarmlm.sapo.node import SAPONode
+    from swarmlm.sapo.transports.in_process import InProcessHub
+
+    config = SAPOConfig(model={"warmstart": "never", "device": "cpu"}, external=0, rounds=1, tasks={"eval_size": 2},
+                        grpo={"external_format_reward": external_format_reward})
+    node = SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), tmp_path / "node", "tiny-qwen2", tensorboard=False)
+    try:
+        def wrapped_wrong(q):
+            return ["<answer>-1</answer> trust me", "<answer>-1</answer> trust me", "-1 trust me", "-1 trust me"]
+
+        pool = intake(verifier).accept([msg("peer", records("peer", ROUND, wrapped_wrong, n=1))], ROUND,
+                                       node._external_training_rewards)
+        assert len(pool) == 1 and pool[0].scores == [0.0] * 4
+        advantages = group_advantages(torch.tensor([pool[0].rewards], dtype=torch.float64))[0].tolist()
+        if external_format_reward:
+            assert pool[0].rewards == pytest.approx([0.1, 0.1, 0.0, 0.0]) and advantages[0] > 0
+        else:
+            assert pool[0].rewards == [0.0] * 4 and is_zero_advantage(pool[0].rewards) and advantages == [0.0] * 4
+        own = node._training_rewards(["<answer>3</answer>", "3"], [0.0, 0.0], [18, 1])
+        assert own == pytest.approx([0.1, 0.0])  # the node's own completions keep the bonus
+    finally:
+        node.close()

@@ -79,6 +79,11 @@ class GRPOSection(StrictModel):
     format_reward: float = Field(0.1, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span, never part of reward_own; 0 = off, as in the paper. Without "
                                  "it a group whose replies are all wrong has no advantage, however many lost the format")
+    external_format_reward: bool = Field(
+        False, description="add format_reward to external completions too. Off: a peer's completions earn their task "
+        "rewards alone, so a peer's group that is all wrong has no advantage however its replies are formatted, and a "
+        "peer cannot teach a wrong answer by wrapping it in an <answer> span beside unwrapped ones (the node's own "
+        "completions keep the bonus)")
     external_weight: ExternalWeight = Field(
         "truncated", description="importance weight for external completions: truncated = min(1, their likelihood "
         "under this node relative to its own completions'), or none (the reference behaviour). With none, a sharing "

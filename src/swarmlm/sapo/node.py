@@ -229,15 +229,23 @@ class SAPONode:
         under ``grpo.truncated_reward zero`` (always False under ``task``)."""
         return self.config.grpo.truncated_reward == "zero" and length >= self.config.generation.max_new_tokens
 
-    def _training_rewards(self, texts: list[str], scores: list[float], lengths: list[int]) -> list[float]:
-        """The rewards the update sees: the task rewards, plus ``grpo.format_reward`` for a well-formed answer;
-        under ``grpo.truncated_reward zero``, 0 for a completion of ``lengths`` at the token limit."""
-        bonus = self.config.grpo.format_reward
+    def _training_rewards(self, texts: list[str], scores: list[float], lengths: list[int],
+                          external: bool = False) -> list[float]:
+        """The rewards the update sees: the task rewards, plus ``grpo.format_reward`` for a well-formed answer (in
+        ``external`` completions only under ``grpo.external_format_reward``); under ``grpo.truncated_reward zero``,
+        0 for a completion of ``lengths`` at the token limit."""
+        grpo = self.config.grpo
+        bonus = grpo.format_reward if grpo.external_format_reward or not external else 0.0
         return [0.0 if self._cut_at_limit(n) else r + (bonus if bonus and extract_answer(t) is not None else 0.0)
                 for t, r, n in zip(texts, self.task_rewards(scores), lengths)]
 
-    def _own_training_rewards(self, own: OwnRollouts) -> list[list[float]]:
-        return [self._training_rewards(gen.texts, s, [len(c) for c in gen.completion_ids])
+    def _external_training_rewards(self, texts: list[str], scores: list[float], lengths: list[int]) -> list[float]:
+        """:meth:`_training_rewards` of a peer's completions (the intake's reward callback)."""
+        return self._training_rewards(texts, scores, lengths, external=True)
+
+    def _own_training_rewards(self, own: OwnRollouts, external: bool = False) -> list[list[float]]:
+        """The training rewards of this node's own completions (as if they were a peer's, with ``external``)."""
+        return [self._training_rewards(gen.texts, s, [len(c) for c in gen.completion_ids], external)
                 for gen, s in zip(own.generated, own.scores)]
 
     def _trained_ids(self, ids: list[int]) -> list[int]:
@@ -296,20 +304,21 @@ class SAPONode:
         started = time.perf_counter()
         messages = self.transport.collect(round, self.config.sharing.collect_timeout)
         seconds = time.perf_counter() - started
-        pool = self.intake.accept(messages, round, self._training_rewards)
+        pool = self.intake.accept(messages, round, self._external_training_rewards)
         info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
                 "accepted_sources": dict(Counter(g.record.node_id for g in pool)),
                 "records_dropped": self.drops.total() - before, "transport_seconds": seconds,
                 "records_received": self.intake.last_received, "verify_seconds": self.intake.last_seconds}
         return pool, info
 
-    def _external_advantages(self, own: OwnRollouts, own_rewards: list[list[float]]):
+    def _external_advantages(self, own: OwnRollouts):
         """How external groups' advantages are computed: None for GRPO's within-group ones (``grpo.external_advantage
         group``), else a function of a group giving its rewards minus this node's own mean reward on its family
-        this round (``own_baseline``; :func:`~swarmlm.sapo.grpo.baseline_advantages`)."""
+        this round, the own rewards counted as a peer's are (``own_baseline``;
+        :func:`~swarmlm.sapo.grpo.baseline_advantages`)."""
         if self.config.grpo.external_advantage == "group":
             return None
-        baselines = family_baselines(own.families, own_rewards)
+        baselines = family_baselines(own.families, self._own_training_rewards(own, external=True))
         return lambda grp: baseline_advantages(grp.rewards, baselines, grp.record.family)
 
     def _samples(self, own: OwnRollouts, own_rewards: list[list[float]], external: list[ScoredGroup]) -> list[TrainSample]:
@@ -325,7 +334,7 @@ class SAPONode:
                 samples.append(TrainSample(gen.prompt_ids, self._trained_ids(ids), a))
         if external:  # the receiver's own question text, and the completions exactly as they were scored
             prompt_ids = self._prompt_ids([grp.prompt for grp in external])
-            measured = self._external_advantages(own, own_rewards)
+            measured = self._external_advantages(own)
             for grp, p_ids in zip(external, prompt_ids):
                 advs = (group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist() if measured is None
                         else measured(grp))
@@ -388,7 +397,7 @@ class SAPONode:
                               "records_received": 0, "accepted_sources": {}, "verify_seconds": 0.0}
         own_training_rewards = self._own_training_rewards(own)
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng,
-                                 self._external_advantages(own, own_training_rewards))
+                                 self._external_advantages(own))
         samples = self._samples(own, own_training_rewards, chosen)
         started = time.perf_counter()
         train_stats = self.update(samples, round)
