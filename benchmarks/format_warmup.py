@@ -50,6 +50,7 @@ def score(model_spec: str, args: argparse.Namespace) -> dict[str, Any]:
     from swarmlm.sapo.engines.base import tokenize_prompts
     from swarmlm.sapo.engines.hf import generate_completions
     from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, eval_questions, extract_answer
+    from swarmlm.verify.verifier import score_in_process
 
     tasks = TaskConfig(eval_size=args.eval_size)
     questions = eval_questions(tasks)
@@ -64,8 +65,8 @@ def score(model_spec: str, args: argparse.Namespace) -> dict[str, Any]:
         text = gen.texts[0]
         answer = extract_answer(text)
         formatted += answer is not None
-        right += answer is not None and scorer.score(q.family, answer, q.entry) >= 1 - 1e-9
-        lenient += scorer.score(q.family, last_integer(text), q.entry) >= 1 - 1e-9
+        right += answer is not None and score_in_process(scorer, q.family, answer, q.entry) >= 1 - 1e-9
+        lenient += score_in_process(scorer, q.family, last_integer(text), q.entry) >= 1 - 1e-9
         tokens += len(gen.completion_ids[0])
     n = len(questions)
     return {"pass1": right / n, "pass1_lenient": lenient / n, "format_rate": formatted / n,

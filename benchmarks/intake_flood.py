@@ -26,7 +26,8 @@ from swarmlm.models import build_byte_tokenizer
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, encode_message
 from swarmlm.sapo.transports.base import Received
-from swarmlm.tasks import TaskConfig, TaskSource, Verifier, format_answer
+from swarmlm.tasks import TaskConfig, TaskSource, format_answer
+from swarmlm.verify import Verifier
 
 SWARM = "intake-flood"
 WORDS = ("the", "answer", "is", "so", "we", "add", "carry", "then", "check", "each", "digit", "twice", "because",

@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     from swarmlm.models import load_model
     from swarmlm.sapo.config import ModelSection, SAPOConfig
     from swarmlm.sapo.node import initial_model_path
-    from swarmlm.tasks import TaskConfig, TaskSource, Verifier
+    from swarmlm.tasks import TaskConfig, TaskSource
+    from swarmlm.verify import Verifier
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -357,6 +357,7 @@ def _run_trl(args, model_dir: Path, node, questions, prompts, total: int, sapo_r
     from trl import GRPOConfig, GRPOTrainer
 
     from swarmlm.models import load_model
+    from swarmlm.verify.verifier import score_in_process
 
     I, L = args.local, args.group_size
     tasks = node.tasks
@@ -365,7 +366,7 @@ def _run_trl(args, model_dir: Path, node, questions, prompts, total: int, sapo_r
         out = []
         for text, i in zip(completions, qidx):
             q = questions[i]
-            out.append(float(tasks.score(q.family, extract_answer(text), q.entry)))
+            out.append(score_in_process(tasks, q.family, extract_answer(text), q.entry))
         return out
 
     cfg = GRPOConfig(

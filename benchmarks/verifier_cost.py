@@ -5,11 +5,11 @@
 
 The workload of the default run: 4 nodes, each with I = 4 own questions per round and L = 8 completions per
 question; each node scores its own 4 groups and re-scores the 12 groups the 3 other nodes published (each
-regenerated from its provenance, as a receiver must). Every round, node 0's :class:`~swarmlm.tasks.verifier.Verifier`
+regenerated from its provenance, as a receiver must). Every round, node 0's :class:`~swarmlm.verify.verifier.Verifier`
 gets those 16 groups in one ``score_many`` call (128 answers); the call's wall time is the per-round cost. The
 completions are synthetic (reasoning text, then the right answer, a near miss, a wrong answer or none), so the
 scorers take their usual paths. For comparison, the same answers are scored in this process, unbounded and
-without regeneration, as nodes did before (``TaskSource.score``).
+without regeneration, as nodes did before (``score_in_process``).
 
 Prints a table and writes JSON (settings, per-round times, summary) to ``--out``.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.stdout.reconfigure(line_buffering=True)
 
 from swarmlm.tasks import TaskConfig, TaskSource, extract_answer  # noqa: E402
-from swarmlm.tasks.verifier import ScoreRequest, Verifier  # noqa: E402
+from swarmlm.verify.verifier import ScoreRequest, Verifier, score_in_process  # noqa: E402
 
 
 def completions_for(question, k: int) -> list[str]:
@@ -62,7 +62,7 @@ def measure(preset: str, rounds: int, nodes: int, local: int, group: int, worker
             t0 = time.perf_counter()
             for req, res in zip(batch, results):
                 entry = req.entry if req.entry is not None else res.item.entry
-                [sources[0].score(req.family, a, entry) for a in req.answers]
+                [score_in_process(sources[0], req.family, a, entry) for a in req.answers]
             in_process.append(time.perf_counter() - t0)
     finally:
         verifier.close()

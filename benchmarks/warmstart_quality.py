@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     from swarmlm.models import load_model
     from swarmlm.runtime.environment import describe_environment
     from swarmlm.sapo.warmstart import WarmstartConfig, warmstart, warmstart_info
-    from swarmlm.tasks import TaskConfig, Verifier
+    from swarmlm.tasks import TaskConfig
+    from swarmlm.verify import Verifier
 
     tasks = TaskConfig(preset=args.preset)
     settings = None

@@ -9,7 +9,7 @@ from pathlib import Path
 import swarmlm
 
 PACKAGE = Path(swarmlm.__file__).parent
-METHOD_PACKAGES = ("runtime", "models", "tasks", "sapo", "noloco")
+METHOD_PACKAGES = ("runtime", "models", "tasks", "verify", "sapo", "noloco")
 
 
 def _modules() -> dict[str, Path]:
@@ -102,6 +102,16 @@ def test_methods_never_import_experiments():
                  for module, deps in import_graph().items()
                  if module.split(".")[1:2] and module.split(".")[1] in METHOD_PACKAGES}
     assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def test_the_trust_boundary_is_one_package():
+    """Task streams and prompts (``tasks``) read nothing untrusted: of ``verify`` they import only the allow-list,
+    which imports nothing of swarmlm's; every scorer, worker and the verifier live in ``verify``."""
+    graph = import_graph()
+    from_tasks = {d for m, deps in graph.items() if m.startswith("swarmlm.tasks") for d in deps if d.startswith("swarmlm.verify")}
+    assert from_tasks == {"swarmlm.verify.scorer_audit"}
+    assert graph["swarmlm.verify.scorer_audit"] == set()
+    assert not [m for m in graph if m.startswith("swarmlm.tasks") and any(w in m for w in ("scor", "verif", "hygiene"))]
 
 
 def test_only_experiments_import_matplotlib():

@@ -17,7 +17,8 @@ from swarmlm.models import build_byte_tokenizer
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, encode_message
 from swarmlm.sapo.transports.base import Received
-from swarmlm.tasks import TaskConfig, TaskSource, Verifier, format_answer
+from swarmlm.tasks import TaskConfig, TaskSource, format_answer
+from swarmlm.verify import Verifier
 
 SWARM = "test-swarm"
 ROUND = 12

@@ -10,6 +10,7 @@ from swarmlm.config import ConfigError, validate_config
 from swarmlm.models import build_byte_tokenizer
 from swarmlm.tasks import TaskConfig, TaskSource, build_prompt, eval_questions, extract_answer, format_answer
 from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED, is_stream_item
+from swarmlm.verify.verifier import score_in_process
 
 
 # ----------------------------------------------------------------------------- answer format
@@ -104,11 +105,11 @@ def test_scorer_gives_one_for_the_right_answer_and_less_for_a_wrong_one(preset):
     for q in src.sample(60, round=0):
         if q.answer is None:  # e.g. propositional_logic: any valid conclusion, no reference answer
             continue
-        assert src.score(q.family, q.answer, q.entry) == 1.0, (q.family, q.question, q.answer)
-        assert src.score(q.family, "definitely wrong ###", q.entry) < 1.0
+        assert score_in_process(src, q.family, q.answer, q.entry) == 1.0, (q.family, q.question, q.answer)
+        assert score_in_process(src, q.family, "definitely wrong ###", q.entry) < 1.0
         # no answer at all: 0, except where the task's own scorer gives a token credit
         # (reasoning-gym's fraction_simplification gives 0.01)
-        assert src.score(q.family, None, q.entry) <= 0.01
+        assert score_in_process(src, q.family, None, q.entry) <= 0.01
         checked.add(q.family)
     assert len(checked) >= len(config.resolved_families()) - 1
 
@@ -117,8 +118,8 @@ def test_scores_the_answer_extracted_from_a_completion():
     src = TaskSource(TaskConfig(), stream="test/2")
     q = src.sample(1, round=0)[0]
     good = f"Let me think.\n<answer>{q.answer}</answer>"
-    assert src.score(q.family, extract_answer(good), q.entry) == 1.0
-    assert src.score(q.family, extract_answer(f"<answer>{q.answer}</answer> <answer>nope</answer>"), q.entry) < 1.0
+    assert score_in_process(src, q.family, extract_answer(good), q.entry) == 1.0
+    assert score_in_process(src, q.family, extract_answer(f"<answer>{q.answer}</answer> <answer>nope</answer>"), q.entry) < 1.0
 
 
 def test_families_outside_the_mix_are_scored_only_when_allowed():
@@ -127,10 +128,10 @@ def test_families_outside_the_mix_are_scored_only_when_allowed():
     q = next(q for q in paper.sample(40, round=0) if q.family == "base_conversion")
     assert not easy.can_score("base_conversion")
     with pytest.raises(ValueError, match="not scored by this node"):
-        easy.score(q.family, q.answer, q.entry)
+        score_in_process(easy, q.family, q.answer, q.entry)
     widened = TaskSource(validate_config(TaskConfig, {"allow_families": [{"name": "base_conversion"}]}), stream="test/1")
     assert widened.can_score("base_conversion")
-    assert widened.score(q.family, q.answer, q.entry) == 1.0
+    assert score_in_process(widened, q.family, q.answer, q.entry) == 1.0
     assert not easy.can_score("no_such_family")
 
 

@@ -29,7 +29,7 @@ record it refuses is counted under a reason (``DropCounter``); nothing raises an
    chat markers, nested or not), or encodes to one, is dropped (``control_token``), and the first
    ``max_new_tokens`` ids are kept and decoded back: that text is what is scored, so what is scored is what is
    trained.
-5. **Verify** (:class:`swarmlm.tasks.verifier.Verifier`): the receiver regenerates the question from its
+5. **Verify** (:class:`swarmlm.verify.verifier.Verifier`): the receiver regenerates the question from its
    provenance with its own config (``forged_task`` when the text differs) and scores the answers against its
    own reference, in bounded worker processes, within ``tasks.verifier.round_seconds`` per round. The
    training prompt is then the receiver's own question text, never the peer's. A peer whose record overran the
@@ -54,7 +54,8 @@ from transformers import PreTrainedTokenizerBase
 from swarmlm.sapo.records import DropCounter, RecordLimits, RolloutRecord, decode_message, encode_message, printable
 from swarmlm.sapo.selection import ScoredGroup
 from swarmlm.sapo.transports.base import Received
-from swarmlm.tasks import ControlTokenFilter, ScoreRequest, Verifier, extract_answer
+from swarmlm.tasks import extract_answer
+from swarmlm.verify import ControlTokenFilter, ScoreRequest, Verifier
 from swarmlm.tasks.provenance import Provenance, is_stream_item
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ A round has two halves so that a driver can interleave many nodes:
   groups (:mod:`swarmlm.sapo.update`), evaluates, logs and checkpoints.
 
 Every score, the node's own completions' included, comes from the node's
-:class:`~swarmlm.tasks.verifier.Verifier`: safe scorers in bounded worker processes. The node owns its I/O
+:class:`~swarmlm.verify.verifier.Verifier`: safe scorers in bounded worker processes. The node owns its I/O
 (transport, metrics, checkpoints) and its evaluation; the update is :class:`~swarmlm.sapo.update.GRPOUpdate`'s.
 """
 
@@ -48,7 +48,8 @@ from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
 from swarmlm.sapo.warmstart import FormatWarmupConfig, WarmstartConfig, format_warmup, warmstart, warmstart_info
-from swarmlm.tasks import Question, TaskSource, Verifier, build_prompt, eval_questions, extract_answer
+from swarmlm.tasks import Question, TaskSource, build_prompt, eval_questions, extract_answer
+from swarmlm.verify import Verifier
 
 FULL_MARKS = 1.0 - 1e-9
 

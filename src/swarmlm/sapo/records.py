@@ -3,7 +3,7 @@
 A node publishes one *message* per round: a JSON object ``{"v": 2, "records": [...]}`` whose records each
 carry ``(node_id, round, slot, family, question, provenance, completions, model)``. Neither rewards nor
 reference answers nor task metadata are sent: a receiver regenerates the question from its provenance and
-scores it against its own answer (:mod:`swarmlm.tasks.verifier`). Every record from the network is checked
+scores it against its own answer (:mod:`swarmlm.verify.verifier`). Every record from the network is checked
 field by field against :class:`RecordLimits`; a bad record is dropped with a reason (counted per reason) and
 never raises. Text that is not valid Unicode (a lone surrogate is valid JSON) is refused here, before any
 tokenizer sees it.
@@ -21,7 +21,7 @@ from pydantic import Field
 
 from swarmlm.config import StrictModel
 from swarmlm.tasks.provenance import Provenance
-from swarmlm.tasks.text_hygiene import invalid_unicode
+from swarmlm.verify.text_hygiene import invalid_unicode
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from swarmlm.sapo.config import SimulateConfig
 from swarmlm.sapo.node import SAPONode, initial_model_paths
 from swarmlm.sapo.summary import node_dir, provenance, run_summary, write_summary
 from swarmlm.sapo.transports.in_process import InProcessHub
-from swarmlm.tasks import Verifier
+from swarmlm.verify import Verifier
 
 log = logging.getLogger(__name__)
 

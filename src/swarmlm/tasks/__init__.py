@@ -1,7 +1,12 @@
-"""Verifiable tasks (reasoning-gym), the answer format, and the verifier that scores untrusted text safely.
+"""Verifiable tasks: reasoning-gym question streams and held-out sets, their provenance, and the answer format.
+
+Trusted input only: what a node asks its own policy. Scoring text, the node's or a peer's, is
+:mod:`swarmlm.verify`'s (the trust boundary); the only thing this package takes from it is the allow-list of
+audited families (:mod:`swarmlm.verify.scorer_audit`), so that a task mix with an unaudited family is refused when
+it is configured.
 
 The names below are imported from their modules on first use (PEP 562), so that ``from swarmlm.tasks import
-TaskConfig`` (as the command line's configs do) loads neither reasoning-gym nor the verifier's worker pool.
+TaskConfig`` (as the command line's configs do) does not load reasoning-gym.
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ _HOME = {
     "TASK_PRESETS": "reasoning_gym_tasks", "AllowedFamily": "reasoning_gym_tasks", "FamilySpec": "reasoning_gym_tasks",
     "Question": "reasoning_gym_tasks", "TaskConfig": "reasoning_gym_tasks", "TaskSource": "reasoning_gym_tasks",
     "VerifierConfig": "reasoning_gym_tasks", "eval_questions": "reasoning_gym_tasks",
-    "ControlTokenFilter": "text_hygiene", "invalid_unicode": "text_hygiene",
-    "ScoreRequest": "verifier", "ScoreResult": "verifier", "Verifier": "verifier",
 }
 
 
@@ -33,9 +36,6 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from swarmlm.tasks.provenance import Provenance
     from swarmlm.tasks.reasoning_gym_tasks import (TASK_PRESETS, AllowedFamily, FamilySpec, Question, TaskConfig,
                                                    TaskSource, VerifierConfig, eval_questions)
-    from swarmlm.tasks.text_hygiene import ControlTokenFilter, invalid_unicode
-    from swarmlm.tasks.verifier import ScoreRequest, ScoreResult, Verifier
 
-__all__ = ["TASK_PRESETS", "AllowedFamily", "ControlTokenFilter", "FamilySpec", "Provenance", "Question",
-           "ScoreRequest", "ScoreResult", "TaskConfig", "TaskSource", "Verifier", "VerifierConfig", "build_prompt",
-           "eval_questions", "extract_answer", "format_answer", "invalid_unicode"]
+__all__ = ["TASK_PRESETS", "AllowedFamily", "FamilySpec", "Provenance", "Question", "TaskConfig", "TaskSource",
+           "VerifierConfig", "build_prompt", "eval_questions", "extract_answer", "format_answer"]

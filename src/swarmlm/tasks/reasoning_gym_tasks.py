@@ -8,9 +8,9 @@ whether a record's question really is its sender's for that round. The held-out 
 from seeds no training question uses. Every question carries its :class:`~swarmlm.tasks.provenance.Provenance`
 (family, dataset seed, index, config digest), from which a receiving node regenerates it.
 
-Only families that passed the scorer audit (:mod:`swarmlm.tasks.scorer_audit`) can be in a mix; they are scored
-with :func:`swarmlm.tasks.safe_scorers.scorer_for`. A node scores through :class:`swarmlm.tasks.verifier.Verifier`,
-which adds time and memory limits; :meth:`TaskSource.score` scores in this process, without them.
+Only families that passed the scorer audit (:mod:`swarmlm.verify.scorer_audit`) can be in a mix. Scoring is
+:mod:`swarmlm.verify`'s: a node scores through :class:`swarmlm.verify.verifier.Verifier`, in bounded workers;
+:func:`swarmlm.verify.verifier.score_in_process` scores trusted answers in this process, without limits.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from swarmlm.config import StrictModel, parse_list
 from swarmlm.tasks.provenance import DATASET_SIZE as _DATASET_SIZE
 from swarmlm.tasks.provenance import (EVAL_SEED, STREAM_STRIDE, TRAIN_SEED, Provenance, config_digest, stream_draw,
                                       stream_index)
-from swarmlm.tasks.scorer_audit import allowed_families, audit_of
+from swarmlm.verify.scorer_audit import allowed_families, audit_of
 
 __all__ = ["EVAL_SEED", "STREAM_STRIDE", "AllowedFamily", "FamilySpec", "Question", "TaskConfig", "TaskSource",
            "VerifierConfig", "eval_questions"]
@@ -98,7 +98,7 @@ class AllowedFamily(StrictModel):
 
 
 class VerifierConfig(StrictModel):
-    """Limits of the verifier (:class:`swarmlm.tasks.verifier.Verifier`): every score and every regeneration
+    """Limits of the verifier (:class:`swarmlm.verify.verifier.Verifier`): every score and every regeneration
     runs in a pool of worker processes under these limits."""
 
     workers: int = Field(2, ge=1, le=32, description="scoring worker processes (started once, replaced when they overrun)")
@@ -224,21 +224,19 @@ class TaskSource:
         """Questions ``first_slot … first_slot + n - 1`` of ``round``."""
         return [self.question(round, slot) for slot in range(first_slot, first_slot + n)]
 
-    def score(self, family: str, answer: str | None, entry: dict[str, Any]) -> float:
-        """Reward for ``answer`` with this node's safe scorer of ``family``, in this process (no time or memory
-        limit: :class:`~swarmlm.tasks.verifier.Verifier` adds them, and nodes score through it). Raises
-        ValueError for a family this node does not score."""
+    def dataset(self, family: str) -> Any:
+        """The reasoning-gym dataset an answer of ``family`` is scored against: the training dataset for a family of
+        the mix, one made on first use for an allowed family outside it. Raises ValueError for a family this node
+        does not score. (Scoring is :mod:`swarmlm.verify`'s.)"""
         if family not in self._scored:
             raise ValueError(f"family '{family}' is not scored by this node")
-        import reasoning_gym
-
-        from swarmlm.tasks.safe_scorers import scorer_for
-
         dataset = self._datasets.get(family) or self._scoring_datasets.get(family)
         if dataset is None:
+            import reasoning_gym
+
             dataset = self._scoring_datasets[family] = reasoning_gym.create_dataset(
                 family, seed=0, size=_DATASET_SIZE, **self._scored[family])
-        return float(scorer_for(family)(dataset, answer, entry))
+        return dataset
 
     def can_score(self, family: str) -> bool:
         """Whether ``family`` is in this node's mix or its ``allow_families``."""

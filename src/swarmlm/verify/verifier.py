@@ -12,8 +12,8 @@
 
 What it guarantees:
 
-* **Never executes text.** Only families that passed the audit (:mod:`swarmlm.tasks.scorer_audit`) are scored,
-  each with reasoning-gym's scorer where it is safe and with ours (:mod:`swarmlm.tasks.safe_scorers`) where it
+* **Never executes text.** Only families that passed the audit (:mod:`swarmlm.verify.scorer_audit`) are scored,
+  each with reasoning-gym's scorer where it is safe and with ours (:mod:`swarmlm.verify.safe_scorers`) where it
   is not. A family outside the node's mix and its ``allow_families`` is dropped as ``foreign_family``.
 * **Bounded.** Every job (a group's answers, or a regeneration and its scoring) runs in a worker process under
   ``VerifierConfig``'s CPU, wall-clock and memory limits: an overrun is dropped as ``scorer_timeout`` /
@@ -39,13 +39,21 @@ import reasoning_gym
 from swarmlm.config import ConfigError
 from swarmlm.tasks.prompts import extract_answer
 from swarmlm.tasks.provenance import Provenance, check_provenance, config_digest
-from swarmlm.tasks.reasoning_gym_tasks import Question, TaskConfig
-from swarmlm.tasks.scorer_audit import allowed_families, audit_of
-from swarmlm.tasks.scoring_pool import ScoringPool
+from swarmlm.tasks.reasoning_gym_tasks import Question, TaskConfig, TaskSource
+from swarmlm.verify.safe_scorers import scorer_for
+from swarmlm.verify.scorer_audit import allowed_families, audit_of
+from swarmlm.verify.scoring_pool import ScoringPool
 
 
 DROP_REASONS = ("foreign_family", "foreign_config", "bad_provenance", "forged_task", "scorer_timeout",
                 "scorer_memory", "scorer_error", "verify_budget")
+
+
+def score_in_process(source: TaskSource, family: str, answer: str | None, entry: dict[str, Any]) -> float:
+    """Reward for ``answer`` to a question of ``source`` (its ``entry``) with the safe scorer of ``family``, in this
+    process, with no time or memory limit: for trusted answers only (tests, benchmarks, a reward function of
+    TRL's); a node scores through :class:`Verifier`. Raises ValueError for a family ``source`` does not score."""
+    return float(scorer_for(family)(source.dataset(family), answer, entry))
 
 
 @dataclass

@@ -5,8 +5,8 @@ own reasoning-gym dataset of that family (for its config), ``answer`` the extrac
 the item (question, answer, metadata). Each reproduces reasoning-gym 0.1.25's ``score_answer`` of the family,
 partial credit included, on every answer a model writes, with the evaluating or unbounded step replaced:
 
-* ``eval(text)`` of a list literal -> :func:`~swarmlm.tasks.safe_parsing.parse_python_literal`;
-* ``sympy.parse_expr(text)`` of arithmetic -> :func:`~swarmlm.tasks.safe_parsing.parse_arithmetic`;
+* ``eval(text)`` of a list literal -> :func:`~swarmlm.verify.safe_parsing.parse_python_literal`;
+* ``sympy.parse_expr(text)`` of arithmetic -> :func:`~swarmlm.verify.safe_parsing.parse_arithmetic`;
 * propositional formulas -> reasoning-gym's grammar re-implemented with depth, size and variable bounds, and
   truth tables computed as bit masks (one big-integer operation per connective);
 * numeric steps that overflow or grow without bound -> checked first.
@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from swarmlm.tasks.scorer_audit import allowed_families, audit_of
-from swarmlm.tasks.safe_parsing import (
+from swarmlm.verify.scorer_audit import allowed_families, audit_of
+from swarmlm.verify.safe_parsing import (
     arithmetic_to_float,
     arithmetic_to_int,
     parse_arithmetic,

@@ -1,7 +1,7 @@
 """Hand-written, bounded parsers for answer text: nothing here ever evaluates Python or calls sympy.
 
 Some reasoning-gym scorers pass the model's answer (or a dataset field) to ``eval`` or ``sympy.parse_expr``.
-The safe scorers (:mod:`swarmlm.tasks.safe_scorers`) use these parsers instead:
+The safe scorers (:mod:`swarmlm.verify.safe_scorers`) use these parsers instead:
 
 * :func:`parse_arithmetic` reads ``+ - * / ( )`` over decimal numbers by recursive descent and computes
   exactly with :class:`fractions.Fraction`, following sympy's rules for division by zero (``x/0`` is complex

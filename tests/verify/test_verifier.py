@@ -18,11 +18,11 @@ import pytest
 from swarmlm.config import validate_config
 from swarmlm.tasks import TASK_PRESETS, TaskConfig, TaskSource
 from swarmlm.tasks.provenance import EVAL_SEED, STREAM_STRIDE, TRAIN_SEED, Provenance, config_digest
-from swarmlm.tasks.scorer_audit import allowed_families
-from swarmlm.tasks.verifier import ScoreRequest, Verifier
+from swarmlm.verify.scorer_audit import allowed_families
+from swarmlm.verify.verifier import ScoreRequest, Verifier, score_in_process
 
 REPO = Path(__file__).resolve().parents[2]
-from tests.tasks.test_safe_scorers import _hostile_entries, _one_item, canary_payloads  # noqa: E402
+from tests.verify.test_safe_scorers import _hostile_entries, _one_item, canary_payloads  # noqa: E402
 
 
 def _config(**data) -> TaskConfig:
@@ -71,7 +71,7 @@ def test_pool_scores_equal_in_process_scores_and_regeneration_reproduces_the_str
         assert verifier_families["basic_arithmetic"] != dict(TASK_PRESETS["easy"][1].config)
     results = verifier.score_many(own + peer)
     for q, req, res in zip(questions + questions, own + peer, results):
-        expected = [source.score(q.family, a, q.entry) for a in req.answers]
+        expected = [score_in_process(source, q.family, a, q.entry) for a in req.answers]
         if req.provenance is not None and verifier.digests.get(q.family) != q.provenance.config:
             assert res.drop == "foreign_config"
             continue
@@ -94,7 +94,7 @@ def test_score_completions_scores_the_answer_span_of_each_text(verifier):
     results = verifier.score_completions(questions, texts)
     for q, res in zip(questions, results):
         assert res.ok, (q.family, res.drop)
-        expected = [source.score(q.family, a, q.entry) for a in (q.answer, None, "surely wrong", q.answer)]
+        expected = [score_in_process(source, q.family, a, q.entry) for a in (q.answer, None, "surely wrong", q.answer)]
         assert res.scores == pytest.approx(expected) and res.scores[0] == 1.0 and res.scores[1] < 1.0, q.family
     assert verifier.completion_scores(questions, texts) == [r.scores for r in results]
     unscored = verifier.score_many([ScoreRequest("countdown", ["1"], entry={"question": "", "answer": "1", "metadata": {}})])[0]
@@ -102,7 +102,7 @@ def test_score_completions_scores_the_answer_span_of_each_text(verifier):
 
 
 def test_scores_or_zeros_replaces_non_finite_scores():
-    from swarmlm.tasks.verifier import ScoreResult
+    from swarmlm.verify.verifier import ScoreResult
 
     assert ScoreResult(scores=[1.0, float("nan"), float("inf"), 0.5]).scores_or_zeros(4) == [1.0, 0.0, 0.0, 0.5]
 
@@ -191,7 +191,7 @@ def test_every_allowed_family_regenerates_and_scores_in_the_pool_as_in_this_proc
     import reasoning_gym
 
     from swarmlm.tasks.provenance import DATASET_SIZE
-    from swarmlm.tasks.safe_scorers import scorer_for
+    from swarmlm.verify.safe_scorers import scorer_for
 
     v = all_families_verifier
     seed, index = TRAIN_SEED, 3
@@ -215,7 +215,7 @@ _DIGEST_ITEMS = textwrap.dedent("""
     sys.stdout = open(os.devnull, "w")
     import reasoning_gym
     from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED
-    from swarmlm.tasks.scorer_audit import allowed_families
+    from swarmlm.verify.scorer_audit import allowed_families
     out = {}
     for family in allowed_families():
         ds = reasoning_gym.create_dataset(family, seed=TRAIN_SEED, size=DATASET_SIZE)
@@ -241,7 +241,7 @@ def test_the_audit_hook_stops_evaluation_even_in_an_evaluating_scorer(tmp_path):
     binary_matrix scorer (eval) would not run a payload there."""
     code = textwrap.dedent(f"""
         import json, sys
-        from swarmlm.tasks import scoring_worker
+        from swarmlm.verify import scoring_worker
         worker = scoring_worker.Worker({{"binary_matrix": {{}}}}, 5.0)
         scoring_worker.sys.addaudithook(scoring_worker._audit_hook)
         ds = worker.scoring_datasets["binary_matrix"]
@@ -315,7 +315,7 @@ _PARENT = textwrap.dedent("""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from swarmlm.tasks import TaskConfig
-    from swarmlm.tasks.verifier import ScoreRequest, Verifier
+    from swarmlm.verify.verifier import ScoreRequest, Verifier
     v = Verifier(TaskConfig())
     v.wait_ready()
     print(" ".join(map(str, v.pool.worker_pids())), flush=True)
@@ -355,7 +355,7 @@ def test_no_worker_outlives_its_parent(mode):
 
 
 def _score_in_child(queue) -> None:
-    from swarmlm.tasks.verifier import ScoreRequest, Verifier
+    from swarmlm.verify.verifier import ScoreRequest, Verifier
 
     with Verifier(TaskConfig()) as v:
         result = v.score_many([ScoreRequest("products", ["12", "13"], entry={"question": "3*4", "answer": "12", "metadata": {}})])

@@ -19,7 +19,7 @@ from reasoning_gym.factory import DATASETS
 
 from swarmlm.config import ConfigError, validate_config
 from swarmlm.tasks import TASK_PRESETS, TaskConfig
-from swarmlm.tasks.safe_parsing import (
+from swarmlm.verify.safe_parsing import (
     NAN,
     ZOO,
     ParseError,
@@ -27,8 +27,8 @@ from swarmlm.tasks.safe_parsing import (
     parse_arithmetic,
     parse_python_literal,
 )
-from swarmlm.tasks.safe_scorers import EXACT_FAMILIES, SAFE_SCORERS, fraction_to_float, scorer_for
-from swarmlm.tasks.scorer_audit import AUDIT, allowed_families, audit_of, render_audit_markdown
+from swarmlm.verify.safe_scorers import EXACT_FAMILIES, SAFE_SCORERS, fraction_to_float, scorer_for
+from swarmlm.verify.scorer_audit import AUDIT, allowed_families, audit_of, render_audit_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -220,7 +220,7 @@ def test_our_scorer_agrees_with_reasoning_gym_on_honest_answers(family, config, 
             ours = ours_fn(ds, answer, item)
             if answer == item["answer"] or family not in EXACT_FAMILIES:
                 assert ours == pytest.approx(reference, abs=1e-12), (family, answer, item["answer"])
-            else:  # where reasoning-gym is lenient, ours is the same or stricter (tests/tasks/test_exact_scorers.py)
+            else:  # where reasoning-gym is lenient, ours is the same or stricter (tests/verify/test_exact_scorers.py)
                 assert ours == pytest.approx(reference, abs=1e-12) or (ours < reference and ours <= 0.8), \
                     (family, answer, item["answer"], ours, reference)
             compared += 1
@@ -355,7 +355,7 @@ def test_every_registered_family_is_audited_and_ours_match_the_table():
 
 def test_the_audit_document_is_rendered_from_the_table():
     doc = (REPO / "docs" / "security" / "scorer_audit.md").read_text(encoding="utf-8")
-    assert render_audit_markdown(sorted(DATASETS)) in doc, "run: python -m swarmlm.tasks.scorer_audit > table"
+    assert render_audit_markdown(sorted(DATASETS)) in doc, "run: python -m swarmlm.verify.scorer_audit > table"
 
 
 @pytest.mark.parametrize("family", ["bitwise_arithmetic", "rubiks_cube", "polynomial_multiplication", "composite"])

@@ -1,6 +1,6 @@
 """A small pool of scoring worker processes, each job under a CPU, a wall-clock and a memory limit.
 
-:class:`ScoringPool` starts its workers once (``python -m swarmlm.tasks.scoring_worker``, so it works the same
+:class:`ScoringPool` starts its workers once (``python -m swarmlm.verify.scoring_worker``, so it works the same
 in a plain process, a ``multiprocessing`` child, a daemon process or a ``torchrun`` rank) and reuses them.
 :meth:`ScoringPool.run` takes a whole batch of jobs (e.g. a round's groups), hands one job at a time to each
 idle worker and returns one result per job, in order. A job that overruns its limits costs only that job:
@@ -48,7 +48,7 @@ class _Worker:
         env = dict(os.environ, **_WORKER_ENV)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swarmlm.tasks.scoring_worker", str(os.getpid())],
+            [sys.executable, "-m", "swarmlm.verify.scoring_worker", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env, start_new_session=True,
             close_fds=True)
         self.buffer = bytearray()
@@ -177,7 +177,7 @@ class ScoringPool:
 
     # ------------------------------------------------------------------ the batch loop
     def run(self, jobs: list[dict[str, Any]], deadline: float | None = None) -> list[dict[str, Any]]:
-        """Run ``jobs`` (JSON objects, see :mod:`swarmlm.tasks.scoring_worker`) and return their results in
+        """Run ``jobs`` (JSON objects, see :mod:`swarmlm.verify.scoring_worker`) and return their results in
         order. A job that overruns or kills its worker returns ``{"ok": False, "reason": ..., "detail": ...}``.
         With a ``deadline`` (``time.monotonic()`` seconds), the batch ends then: jobs not yet started return
         ``verify_budget`` and jobs still running are stopped (their workers replaced) as ``scorer_timeout``."""

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from swarmlm.models import build_byte_tokenizer
 from swarmlm.tasks import extract_answer
-from swarmlm.tasks.text_hygiene import ControlTokenFilter, find_token, invalid_unicode, is_valid_unicode, strip_tokens
+from swarmlm.verify.text_hygiene import ControlTokenFilter, find_token, invalid_unicode, is_valid_unicode, strip_tokens
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

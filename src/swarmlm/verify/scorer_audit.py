@@ -10,13 +10,13 @@ Every family gets one verdict:
 
 * ``reasoning_gym`` - safe as is: the library's scorer only compares strings or parses literals
   (``int``/``float``/``Decimal``/``json``) of bounded size; it is used unchanged.
-* ``ours`` - the library's scorer evaluates text or is unbounded; :mod:`swarmlm.tasks.safe_scorers` has a
+* ``ours`` - the library's scorer evaluates text or is unbounded; :mod:`swarmlm.verify.safe_scorers` has a
   scorer of our own with the same scores on honest answers.
 * ``refused`` - the family cannot be put in a task mix nor scored for a peer (a config error says so).
   A family that was not audited in depth is refused too.
 
 Every scorer, whatever its verdict, still runs inside the bounded worker pool
-(:mod:`swarmlm.tasks.scoring_pool`), under a time and a memory limit. ``docs/security/scorer_audit.md`` is
+(:mod:`swarmlm.verify.scoring_pool`), under a time and a memory limit. ``docs/security/scorer_audit.md`` is
 rendered from this table (:func:`render_audit_markdown`); a test keeps the two in step.
 """
 
@@ -251,7 +251,7 @@ def render_audit_markdown(registered: list[str]) -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m swarmlm.tasks.scorer_audit: the table of docs/security/scorer_audit.md
+if __name__ == "__main__":  # python -m swarmlm.verify.scorer_audit: the table of docs/security/scorer_audit.md
     from reasoning_gym.factory import DATASETS
 
     print(render_audit_markdown(sorted(DATASETS)))

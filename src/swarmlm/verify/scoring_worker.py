@@ -1,6 +1,6 @@
 """One scoring worker process: scores answers and regenerates items under resource limits.
 
-Started by :class:`swarmlm.tasks.scoring_pool.ScoringPool` as ``python -m swarmlm.tasks.scoring_worker PARENT_PID``.
+Started by :class:`swarmlm.verify.scoring_pool.ScoringPool` as ``python -m swarmlm.verify.scoring_worker PARENT_PID``.
 It speaks line-delimited JSON on stdin/stdout (never pickle, so a worker cannot make its parent run code):
 
 * first line in: ``{"families": {name: config}, "memory_mb": int, "cpu_seconds": float,
@@ -78,7 +78,7 @@ class Worker:
         import reasoning_gym
 
         from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED
-        from swarmlm.tasks.safe_scorers import scorer_for
+        from swarmlm.verify.safe_scorers import scorer_for
 
         self.train_seed = TRAIN_SEED
         self.families = families

@@ -17,8 +17,8 @@ import pytest
 import reasoning_gym
 
 from swarmlm.tasks.provenance import DATASET_SIZE, TRAIN_SEED
-from swarmlm.tasks.safe_scorers import PARTIAL_CAP, scorer_for
-from swarmlm.tasks.scorer_audit import allowed_families, audit_of
+from swarmlm.verify.safe_scorers import PARTIAL_CAP, scorer_for
+from swarmlm.verify.scorer_audit import allowed_families, audit_of
 
 FULL_MARKS = 1.0 - 1e-9  # swarmlm.sapo.node's threshold for a correct answer
 ITEMS = 8
