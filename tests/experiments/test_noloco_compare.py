@@ -53,6 +53,31 @@ def test_runs_share_everything_but_the_outer_step(tmp_path):
     assert train_config(injected, 2, 0, "ddp").network.latency_ms == 5
 
 
+# The training options `noloco compare` does not offer, each set per run by the study itself (or, for faults, kept
+# out: a comparison of methods injects no faults). A new option of `noloco train` fails the test below until it is
+# offered by `compare` (passed to every run) or listed here with its reason.
+SET_PER_RUN = {
+    "method": "the variant's", "nproc": "each M", "seed": "each seed", "diloco": "the variant's outer step",
+    "stages": "noloco-pp2's", "pipeline": "noloco-pp2's (defaults)", "keep_checkpoints": "1, the run's last",
+    "resume": "finished runs are reused, unfinished ones resume", "stop_after": "every run runs to its end",
+    "log": "from log_every (in_process) or the default", "faults": "none injected in a comparison",
+}
+
+
+def test_every_training_option_is_offered_or_set_per_run():
+    from swarmlm.noloco.config import TrainConfig
+
+    train, compare = set(TrainConfig.model_fields), set(CompareConfig.model_fields)
+    assert train - compare == set(SET_PER_RUN)
+    for section in ("inner", "outer", "noloco", "data", "exchange", "network"):
+        mine = CompareConfig.model_fields[section].annotation.model_fields
+        assert set(TrainConfig.model_fields[section].annotation.model_fields) <= set(mine), section
+    # and what compare offers reaches the runs
+    config = CompareConfig(precision="float32", device="cpu", grad_accum=2, threads=1)
+    run = train_config(config, 2, 0, "noloco")
+    assert (run.precision, run.device, run.grad_accum, run.threads) == ("float32", "cpu", 2, 1)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "noloco,noloco-pp2"], "field 'methods'"),
     (["--network.inject", "true"], "field 'network': Value error, inject"),

@@ -74,6 +74,7 @@ from swarmlm.noloco.config import (
     NetworkSection,
     NoLoCoSection,
     OuterSection,
+    Precision,
     TrainConfig,
 )
 
@@ -159,6 +160,8 @@ class CompareConfig(StrictModel):
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every C steps, so that an interrupted run resumes "
                                                        "(0: only at its end; an interrupted run then starts again)")
     device: str = Field("auto", description="auto, cpu, cuda or mps (in_process: the one device of every run)")
+    precision: Precision = Field("auto", description="every run's precision: auto = bf16 autocast on GPUs that support "
+                                                     "it, float32 on CPU")
     threads: int = Field(1, ge=0, description="torch threads of the in-process runs and of the calibration (0 = torch's "
                                               "default)")
     log_every: int = Field(10, ge=1, description="a per-step metrics line every L steps (in_process runs; one process "
@@ -219,7 +222,7 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str, h: int 
     every = h * spec.get("h_factor", 1)  # the run's own H (the cell's, or a multiple of it)
     data = {
         "method": spec["method"], "nproc": m, "out": str(run_dir(config.out, m, seed, variant, None if ddp else h)),
-        "model": config.model, "backend": config.backend, "device": config.device,
+        "model": config.model, "backend": config.backend, "device": config.device, "precision": config.precision,
         "steps": config.steps, "seq_len": config.seq_len, "batch_size": config.batch_size, "grad_accum": config.grad_accum,
         "seed": seed, "eval_every": config.eval_every, "eval_batches": config.eval_batches,
         "checkpoint_every": config.checkpoint_every, "keep_checkpoints": 1, "progress": False,

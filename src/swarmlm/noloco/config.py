@@ -19,6 +19,7 @@ from swarmlm.config import StrictModel
 Method = Literal["noloco", "diloco", "ddp"]
 Algorithm = Literal["ring", "tree", "halving_doubling", "best"]
 Backend = Literal["auto", "gloo", "nccl", "in_process"]
+Precision = Literal["auto", "float32", "bfloat16"]
 
 
 class InnerSection(StrictModel):
@@ -150,7 +151,7 @@ class TrainConfig(StrictModel):
     grad_accum: int = Field(1, ge=1, description="micro-batches per inner step")
     seed: int = Field(0, ge=0, description="seed of the model init, the data order and the group permutations")
     device: str = Field("auto", description="auto, cpu, cuda or mps (under torchrun on GPUs: cuda:LOCAL_RANK)")
-    precision: Literal["auto", "float32", "bfloat16"] = Field(
+    precision: Precision = Field(
         "auto", description="auto = bf16 autocast on GPUs that support it, float32 on CPU")
     eval_every: int = Field(60, ge=0, description="K: validation loss and perplexity every K steps (0 = only at the end)")
     eval_batches: int = Field(16, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
