@@ -100,105 +100,170 @@ class GRPOUpdate:
         cfg = self.section
         if not samples:
             return {"loss": None}
-        single = cfg.ppo_epochs == 1 and cfg.num_minibatches == 1
-        truncated = cfg.external_weight == "truncated"
         trains = [cfg.beta > 0 or s.advantage != 0.0 for s in samples]  # the others add exactly 0 (module docstring)
         order = list(range(len(samples)))
         rng.shuffle(order)  # the first pass's order
         per_mb = math.ceil(len(order) / cfg.num_minibatches)
-        old: list[torch.Tensor | None] | None = None
-        # one pass of one step with truncated weights: the own samples train first, and their forward passes give the
-        # weights' reference; only the own samples that do not train need a pass of their own (module docstring)
-        fused = truncated and single
-        if truncated and not fused:  # the weights need every old log-prob before the first loss
-            old = self.logprobs(self.model, samples)
-            truncated_external_weights(samples, old)
-        elif not single:
-            # The first minibatch of the first pass runs on the unchanged policy: its forward pass gives its old
-            # log-probs (kept below). Only the samples after it need a separate pass before the first step.
-            old = [None] * len(samples)
-            rest = [i for i in order[per_mb:] if trains[i]]
-            for i, lp in zip(rest, self.logprobs(self.model, [samples[i] for i in rest]) if rest else []):
-                old[i] = lp
+        old = self._old_logprobs(samples, trains, order[per_mb:])
         ref = self.logprobs(self.ref_model, samples) if self.ref_model is not None else None  # beta > 0: all train
-        losses, clip_fracs, kls, grad_norms, nlls = [], [], [], [], []
+        stats = _UpdateStats()
         for epoch in range(cfg.ppo_epochs):
             if epoch > 0:
                 rng.shuffle(order)
             for mb_start in range(0, len(order), per_mb):
-                mb = order[mb_start:mb_start + per_mb]
-                n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
-                self.optimizer.zero_grad(set_to_none=True)
-                mb_loss = 0.0
-                # sorted so that micro-batches waste little padding and a group's shared prompt runs once; fused, the
-                # own samples first, then the external ones, weighted against the own samples' forward passes
-                if fused:
-                    own_first = [micro_batch_order(samples, [i for i in mb if trains[i] and not samples[i].external]),
-                                 micro_batch_order(samples, [i for i in mb if trains[i] and samples[i].external])]
-                    chunks = [part[mi:mi + cfg.micro_batch_size] for part in own_first
-                              for mi in range(0, len(part), cfg.micro_batch_size)]
-                    own_logp: list[torch.Tensor] = []
-                    reference = None
-                else:
-                    mb_sorted = micro_batch_order(samples, [i for i in mb if trains[i]])
-                    chunks = [mb_sorted[mi:mi + cfg.micro_batch_size] for mi in range(0, len(mb_sorted), cfg.micro_batch_size)]
-                if not chunks:  # the step all samples would have given: a zero gradient (Adam's moments still move)
-                    for param in self.model.parameters():
-                        if param.requires_grad:
-                            param.grad = torch.zeros_like(param)
-                for idx in chunks:
-                    chunk = [samples[i] for i in idx]
-                    logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
-                    if fused:
-                        per_sample = logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
-                        if not chunk[0].external:  # own samples: weight 1, their log-probs join the reference
-                            own_logp.extend(per_sample)
-                        else:
-                            if reference is None:  # the own samples that did not train, on the unchanged policy
-                                idle = [s for s, t in zip(samples, trains) if not s.external and not t]
-                                reference = own_reference(own_logp + (self.logprobs(self.model, idle) if idle else []))
-                            if reference is not None:
-                                for sample, lp in zip(chunk, per_sample):
-                                    sample.weight = truncated_weight(lp, reference)
-                    if old is None:  # one pass, one step: the old policy is the current one (ρ ≡ 1)
-                        old_lp = logp.detach()
-                    else:
-                        if any(old[i] is None for i in idx):  # first minibatch of the first pass (see above)
-                            current = logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
-                            for i, lp in zip(idx, current):
-                                if old[i] is None:
-                                    old[i] = lp
-                        old_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([old[i] for i in idx]).to(logp))
-                    ref_lp = None
-                    if ref is not None:
-                        ref_lp = torch.zeros_like(logp).masked_scatter(mask, torch.cat([ref[i] for i in idx]).to(logp))
-                    adv = torch.tensor([s.advantage for s in chunk], device=logp.device)
-                    w = torch.tensor([s.weight for s in chunk], device=logp.device)
-                    loss, stats = grpo_loss(logp, old_lp, adv, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-                                            beta=cfg.beta, ref_logp=ref_lp, weights=w, num_tokens=n_tokens)
-                    loss.backward()
-                    mb_loss += loss.item()
-                    tokens = float(mask.sum())  # per-token statistics, weighted by each micro-batch's tokens
-                    clip_fracs.append((stats["clip_frac"].item(), tokens))
-                    if epoch == 0:  # −log p of the sampled tokens before any step: a Monte Carlo estimate of entropy
-                        nlls.append((-float((logp.detach() * mask).sum()) / max(1.0, tokens), tokens))
-                    if "kl" in stats:
-                        kls.append((stats["kl"].item(), tokens))
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
-                self.optimizer.step()
-                losses.append(mb_loss)
+                self._step(samples, trains, order[mb_start:mb_start + per_mb], old, ref, first_pass=epoch == 0,
+                           stats=stats)
+        return stats.summary(samples, trains)
 
-        def token_mean(pairs: list[tuple[float, float]]) -> float:
-            return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
+    @property
+    def _fused(self) -> bool:
+        """One pass of one step with truncated weights: the own samples train first, and their forward passes give
+        the weights' reference; only the own samples that do not train need a pass of their own (module docstring)."""
+        return self.section.external_weight == "truncated" and self._single
 
-        out = {"loss": sum(losses) / len(losses), "clip_frac": token_mean(clip_fracs),
-               "grad_norm": sum(grad_norms) / len(grad_norms), "token_nll": token_mean(nlls) if nlls else None,
+    @property
+    def _single(self) -> bool:
+        return self.section.ppo_epochs == 1 and self.section.num_minibatches == 1
+
+    def _old_logprobs(self, samples: list[TrainSample], trains: list[bool],
+                      after_first: list[int]) -> list[torch.Tensor | None] | None:
+        """The old policy's log-probs that must be computed before the first step: None where the old policy is
+        the one each forward pass runs on (one pass, one step: ρ ≡ 1). With truncated weights over several steps,
+        every sample's, and the weights set from them. Otherwise those of the samples that train after the first
+        minibatch (``after_first``); the first minibatch's come from its own forward pass (:meth:`_step`)."""
+        if self._single:
+            return None
+        if self.section.external_weight == "truncated":  # the weights need every old log-prob before the first loss
+            old = self.logprobs(self.model, samples)
+            truncated_external_weights(samples, old)
+            return old
+        old: list[torch.Tensor | None] = [None] * len(samples)
+        rest = [i for i in after_first if trains[i]]
+        for i, lp in zip(rest, self.logprobs(self.model, [samples[i] for i in rest]) if rest else []):
+            old[i] = lp
+        return old
+
+    def _micro_batches(self, samples: list[TrainSample], trains: list[bool], mb: list[int]) -> list[list[int]]:
+        """The minibatch ``mb``'s samples that train, in micro-batches sorted so that they waste little padding and a
+        group's shared prompt runs once; fused, the own samples' micro-batches first, then the external ones."""
+        size = self.section.micro_batch_size
+        if self._fused:
+            parts = [micro_batch_order(samples, [i for i in mb if trains[i] and not samples[i].external]),
+                     micro_batch_order(samples, [i for i in mb if trains[i] and samples[i].external])]
+        else:
+            parts = [micro_batch_order(samples, [i for i in mb if trains[i]])]
+        return [part[k:k + size] for part in parts for k in range(0, len(part), size)]
+
+    def _step(self, samples: list[TrainSample], trains: list[bool], mb: list[int], old: list | None,
+              ref: list[torch.Tensor] | None, first_pass: bool, stats: "_UpdateStats") -> None:
+        """One optimizer step on minibatch ``mb``: the loss of its micro-batches, summed over the minibatch's tokens."""
+        cfg = self.section
+        n_tokens = float(sum(samples[i].num_completion_tokens for i in mb))
+        self.optimizer.zero_grad(set_to_none=True)
+        chunks = self._micro_batches(samples, trains, mb)
+        if not chunks:  # the step all samples would have given: a zero gradient (Adam's moments still move)
+            for param in self.model.parameters():
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
+        weights = _FusedWeights(self, samples, trains) if self._fused else None
+        mb_loss = 0.0
+        for idx in chunks:
+            chunk = [samples[i] for i in idx]
+            logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
+            if weights is not None:
+                weights.observe(chunk, logp, mask)
+            loss, loss_stats = grpo_loss(
+                logp, self._old_for(old, idx, logp, mask), torch.tensor([s.advantage for s in chunk], device=logp.device),
+                mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta,
+                ref_logp=None if ref is None else _scatter(ref, idx, logp, mask),
+                weights=torch.tensor([s.weight for s in chunk], device=logp.device), num_tokens=n_tokens)
+            loss.backward()
+            mb_loss += loss.item()
+            stats.add_micro_batch(loss_stats, logp, mask, first_pass)
+        stats.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+        self.optimizer.step()
+        stats.losses.append(mb_loss)
+
+    @staticmethod
+    def _old_for(old: list | None, idx: list[int], logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The old log-probs of micro-batch ``idx``, shaped as ``logp``: the current ones, detached, where the old
+        policy is the current one; the first minibatch of the first pass keeps its current ones as its old ones."""
+        if old is None:
+            return logp.detach()
+        if any(old[i] is None for i in idx):
+            for i, lp in zip(idx, _per_sample(logp, mask)):
+                if old[i] is None:
+                    old[i] = lp
+        return _scatter(old, idx, logp, mask)
+
+
+def _per_sample(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A micro-batch's completion-token log-probs, detached, one 1-D tensor per sample."""
+    return logp.detach()[mask].float().split(mask.sum(dim=1).tolist())
+
+
+def _scatter(values: list[torch.Tensor], idx: list[int], logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sample 1-D log-probs of samples ``idx`` laid out as the micro-batch's ``logp`` (0 off the mask)."""
+    return torch.zeros_like(logp).masked_scatter(mask, torch.cat([values[i] for i in idx]).to(logp))
+
+
+class _FusedWeights:
+    """The fused update's truncated weights: the own samples' micro-batches (first) collect their log-probs as the
+    reference; at the first external micro-batch the own samples that do not train add theirs from a no-grad pass
+    on the unchanged policy, and each external sample is weighted from its own training forward pass."""
+
+    def __init__(self, update: GRPOUpdate, samples: list[TrainSample], trains: list[bool]):
+        self.update, self.samples, self.trains = update, samples, trains
+        self.own_logp: list[torch.Tensor] = []
+        self.reference: torch.Tensor | None = None
+        self.closed = False
+
+    def observe(self, chunk: list[TrainSample], logp: torch.Tensor, mask: torch.Tensor) -> None:
+        per_sample = _per_sample(logp, mask)
+        if not chunk[0].external:  # own samples: weight 1, their log-probs join the reference
+            self.own_logp.extend(per_sample)
+            return
+        if not self.closed:
+            idle = [s for s, t in zip(self.samples, self.trains) if not s.external and not t]
+            self.reference = own_reference(self.own_logp + (self.update.logprobs(self.update.model, idle) if idle else []))
+            self.closed = True
+        if self.reference is not None:
+            for sample, lp in zip(chunk, per_sample):
+                sample.weight = truncated_weight(lp, self.reference)
+
+
+class _UpdateStats:
+    """What :meth:`GRPOUpdate.update` reports, gathered step by step (per-token statistics weighted by tokens)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.clip_fracs: list[tuple[float, float]] = []
+        self.kls: list[tuple[float, float]] = []
+        self.nlls: list[tuple[float, float]] = []
+
+    def add_micro_batch(self, loss_stats: dict[str, torch.Tensor], logp: torch.Tensor, mask: torch.Tensor,
+                        first_pass: bool) -> None:
+        tokens = float(mask.sum())
+        self.clip_fracs.append((loss_stats["clip_frac"].item(), tokens))
+        if first_pass:  # −log p of the sampled tokens before any step: a Monte Carlo estimate of entropy
+            self.nlls.append((-float((logp.detach() * mask).sum()) / max(1.0, tokens), tokens))
+        if "kl" in loss_stats:
+            self.kls.append((loss_stats["kl"].item(), tokens))
+
+    @staticmethod
+    def _token_mean(pairs: list[tuple[float, float]]) -> float:
+        return sum(v * n for v, n in pairs) / max(1.0, sum(n for _, n in pairs))
+
+    def summary(self, samples: list[TrainSample], trains: list[bool]) -> dict[str, float]:
+        out = {"loss": sum(self.losses) / len(self.losses), "clip_frac": self._token_mean(self.clip_fracs),
+               "grad_norm": sum(self.grad_norms) / len(self.grad_norms),
+               "token_nll": self._token_mean(self.nlls) if self.nlls else None,
                "trained_samples": sum(trains) / len(samples)}
-        if kls:
-            out["kl"] = token_mean(kls)
+        if self.kls:
+            out["kl"] = self._token_mean(self.kls)
         external = [s.weight for s, t in zip(samples, trains) if s.external and t]
         if external:  # how much the external completions that trained counted (1 each without truncated weights)
             out["external_weight"] = sum(external) / len(external)
         out["external_loss_share"] = external_loss_share(samples)
         return out
-
