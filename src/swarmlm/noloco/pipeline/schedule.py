@@ -147,107 +147,8 @@ class PipelineSchedule:
             raise ValueError(f"stage 0 needs {self.n} micro-batches")
         routes = self.routes(step)
         report = StepReport()
-        received: dict[int, Chunk] = {}
-        own: dict[int, Chunk] = {}
-        sent: dict[int, tuple[int, list[Chunk]]] = {}
-        carry: list[Chunk] = []
-        carried_since: int | None = None
-
-        # forward, slot by slot
-        for slot in range(self.slots):
-            chunk = None
-            if self.first:
-                report.recv_from.append(None)
-                if slot < self.n:
-                    batch = micro_batches[slot]
-                    chunk = self._forward(batch, batch, [[self.replica, slot, int(batch.shape[0])]])
-                    own[slot] = chunk
-            else:
-                up = rank_of(routes.prev_replica(self.replica, self.stage, slot), self.stage - 1, self.S)
-                report.recv_from.append(up)
-                result = self.links.recv(self._name("f", step, slot, up, self.rank), up)
-                if result.ok and result.tensors:
-                    activations, labels = result.tensors
-                    chunk = self._forward(activations, labels, result.header["pieces"], upstream=up)
-                    received[slot] = chunk
-                elif not result.ok and result.reason.startswith("transfer"):
-                    # the sender may think it delivered: close the way back
-                    self.links.abandon(self._name("b", step, slot, up, self.rank))
-            if self.last:
-                report.sent_to.append(None)
-                continue
-            down = rank_of(routes.next_replica(self.replica, self.stage, slot), self.stage + 1, self.S)
-            report.sent_to.append(down)
-            bundle = carry + ([chunk] if chunk is not None else [])
-            tensors, header = [], {"pieces": []}
-            if bundle:
-                tensors = [torch.cat([c.out.detach() for c in bundle]), torch.cat([c.labels for c in bundle])]
-                header["pieces"] = [p for c in bundle for p in c.pieces]
-            result = self.links.send(self._name("f", step, slot, self.rank, down), down, header, tensors)
-            if result.ok:
-                if bundle:
-                    sent[slot] = (down, bundle)
-                    if carry:
-                        report.retried += sum(len(c.pieces) for c in carry)
-                        log.info("rank %d step %d: %d piece(s) from slot %d delivered in slot %d to rank %d", self.rank,
-                                 step, sum(len(c.pieces) for c in carry), carried_since, slot, down)
-                carry, carried_since = [], None
-            else:
-                if result.reason.startswith("transfer"):
-                    self.links.abandon(self._name("b", step, slot, self.rank, down))
-                if bundle:
-                    report.failures += 1
-                    log.warning("rank %d step %d slot %d: hop to rank %d failed (%s); %d piece(s) %s", self.rank, step,
-                                slot, down, result.reason, len(header["pieces"]),
-                                "carried to the next slot" if slot + 1 < self.slots else "dropped")
-                    carry = bundle
-                    carried_since = slot if carried_since is None else carried_since
-        if carry:
-            report.dropped += sum(len(c.pieces) for c in carry)
-
-        # backward, in reverse slot order
-        for slot in reversed(range(self.slots)):
-            if self.last:
-                chunk = received.get(slot)
-                if chunk is not None:
-                    chunk.loss_terms.sum().backward()
-                    chunk.done = True
-                    report.pieces_ok += len(chunk.pieces)
-                    report.piece_ids.extend((p[0], p[1]) for p in chunk.pieces)
-                    report.losses.extend(chunk.losses)
-            elif slot in sent:
-                down, bundle = sent[slot]
-                result = self.links.recv(self._name("b", step, slot, self.rank, down), down)
-                if result.ok and result.tensors and not result.header.get("dropped"):
-                    grads = torch.split(result.tensors[0], [c.rows for c in bundle])
-                    torch.autograd.backward([c.out for c in bundle],
-                                            [g.to(self.device, c.out.dtype) for c, g in zip(bundle, grads)])
-                    losses = result.header.get("losses", [])
-                    at = 0
-                    for c in bundle:
-                        c.done = True
-                        c.losses = losses[at:at + len(c.pieces)]
-                        at += len(c.pieces)
-                        c.out = None  # free the graph's output
-                        report.pieces_ok += len(c.pieces)
-                        report.piece_ids.extend((p[0], p[1]) for p in c.pieces)
-                        report.losses.extend(c.losses)
-                else:
-                    report.grad_lost += sum(len(c.pieces) for c in bundle)
-            if self.first:
-                continue
-            chunk = received.get(slot)
-            if chunk is None:
-                continue
-            up = chunk.upstream
-            if chunk.done and chunk.x.grad is not None:
-                header = {"losses": chunk.losses, "dropped": False}
-                tensors = [chunk.x.grad]
-            else:
-                header, tensors = {"dropped": True}, []
-            self.links.send(self._name("b", step, slot, up, self.rank), up, header, tensors)
-            chunk.x = None
-
+        own, received, sent = self._forward_slots(step, routes, micro_batches, report)
+        self._backward_slots(step, received, sent, report)
         if self.first:
             for slot, chunk in own.items():
                 if chunk.done and chunk.losses:
@@ -258,6 +159,130 @@ class PipelineSchedule:
                 if p.grad is not None:
                     p.grad.mul_(scale)
         return report
+
+    def _forward_slots(self, step: int, routes: Routes, micro_batches: list[torch.Tensor] | None,
+                       report: StepReport) -> tuple[dict[int, Chunk], dict[int, Chunk], dict[int, tuple[int, list[Chunk]]]]:
+        """The forward pass, slot by slot: this stage's chunk of each slot (its own micro-batch on stage 0, what
+        arrived from upstream otherwise) goes downstream with the pieces a failed hop carried. Returns stage 0's own
+        chunks, the received chunks and, per slot, the downstream rank and the chunks delivered to it."""
+        own: dict[int, Chunk] = {}
+        received: dict[int, Chunk] = {}
+        sent: dict[int, tuple[int, list[Chunk]]] = {}
+        carry: list[Chunk] = []
+        carried_since: int | None = None
+        for slot in range(self.slots):
+            chunk = None
+            if self.first:
+                report.recv_from.append(None)
+                if slot < self.n:
+                    batch = micro_batches[slot]
+                    chunk = own[slot] = self._forward(batch, batch, [[self.replica, slot, int(batch.shape[0])]])
+            else:
+                chunk = self._receive_forward(step, routes, slot, report)
+                if chunk is not None:
+                    received[slot] = chunk
+            if self.last:
+                report.sent_to.append(None)
+                continue
+            bundle = carry + ([chunk] if chunk is not None else [])
+            down = rank_of(routes.next_replica(self.replica, self.stage, slot), self.stage + 1, self.S)
+            if self._send_forward(step, slot, down, bundle, report):
+                if bundle:
+                    sent[slot] = (down, bundle)
+                    if carry:
+                        report.retried += sum(len(c.pieces) for c in carry)
+                        log.info("rank %d step %d: %d piece(s) from slot %d delivered in slot %d to rank %d", self.rank,
+                                 step, sum(len(c.pieces) for c in carry), carried_since, slot, down)
+                carry, carried_since = [], None
+            elif bundle:
+                carry = bundle
+                carried_since = slot if carried_since is None else carried_since
+        if carry:
+            report.dropped += sum(len(c.pieces) for c in carry)
+        return own, received, sent
+
+    def _receive_forward(self, step: int, routes: Routes, slot: int, report: StepReport) -> Chunk | None:
+        """The activations of ``slot`` from upstream, run through this stage; None where nothing came."""
+        up = rank_of(routes.prev_replica(self.replica, self.stage, slot), self.stage - 1, self.S)
+        report.recv_from.append(up)
+        result = self.links.recv(self._name("f", step, slot, up, self.rank), up)
+        if result.ok and result.tensors:
+            activations, labels = result.tensors
+            return self._forward(activations, labels, result.header["pieces"], upstream=up)
+        if not result.ok and result.reason.startswith("transfer"):
+            self.links.abandon(self._name("b", step, slot, up, self.rank))  # the sender may think it delivered
+        return None
+
+    def _send_forward(self, step: int, slot: int, down: int, bundle: list[Chunk], report: StepReport) -> bool:
+        """Send ``bundle``'s outputs and labels downstream in ``slot`` (an empty message where there is none);
+        whether the hop succeeded. A failed hop with pieces counts as a failure and closes the way back."""
+        report.sent_to.append(down)
+        tensors, header = [], {"pieces": []}
+        if bundle:
+            tensors = [torch.cat([c.out.detach() for c in bundle]), torch.cat([c.labels for c in bundle])]
+            header["pieces"] = [p for c in bundle for p in c.pieces]
+        result = self.links.send(self._name("f", step, slot, self.rank, down), down, header, tensors)
+        if result.ok:
+            return True
+        if result.reason.startswith("transfer"):
+            self.links.abandon(self._name("b", step, slot, self.rank, down))
+        if bundle:
+            report.failures += 1
+            log.warning("rank %d step %d slot %d: hop to rank %d failed (%s); %d piece(s) %s", self.rank, step,
+                        slot, down, result.reason, len(header["pieces"]),
+                        "carried to the next slot" if slot + 1 < self.slots else "dropped")
+        return False
+
+    def _backward_slots(self, step: int, received: dict[int, Chunk], sent: dict[int, tuple[int, list[Chunk]]],
+                        report: StepReport) -> None:
+        """The backward pass, in reverse slot order: the loss on the last stage, the gradient from downstream on
+        the others; then the gradient of what was received goes back upstream (or word that it was dropped)."""
+        for slot in reversed(range(self.slots)):
+            if self.last:
+                chunk = received.get(slot)
+                if chunk is not None:
+                    chunk.loss_terms.sum().backward()
+                    chunk.done = True
+                    self._count_done(chunk, report)
+            elif slot in sent:
+                self._backward_from_downstream(step, slot, *sent[slot], report)
+            if not self.first and slot in received:
+                self._send_backward(step, slot, received[slot])
+
+    def _backward_from_downstream(self, step: int, slot: int, down: int, bundle: list[Chunk],
+                                  report: StepReport) -> None:
+        """Backpropagate the gradient ``down`` returned for ``bundle`` (the losses come with it); a gradient that
+        never came, or came as dropped, counts its pieces as lost."""
+        result = self.links.recv(self._name("b", step, slot, self.rank, down), down)
+        if not (result.ok and result.tensors and not result.header.get("dropped")):
+            report.grad_lost += sum(len(c.pieces) for c in bundle)
+            return
+        grads = torch.split(result.tensors[0], [c.rows for c in bundle])
+        torch.autograd.backward([c.out for c in bundle], [g.to(self.device, c.out.dtype) for c, g in zip(bundle, grads)])
+        losses = result.header.get("losses", [])
+        at = 0
+        for c in bundle:
+            c.done = True
+            c.losses = losses[at:at + len(c.pieces)]
+            at += len(c.pieces)
+            c.out = None  # free the graph's output
+            self._count_done(c, report)
+
+    @staticmethod
+    def _count_done(chunk: Chunk, report: StepReport) -> None:
+        report.pieces_ok += len(chunk.pieces)
+        report.piece_ids.extend((p[0], p[1]) for p in chunk.pieces)
+        report.losses.extend(chunk.losses)
+
+    def _send_backward(self, step: int, slot: int, chunk: Chunk) -> None:
+        """The gradient of ``chunk``'s received activations back upstream, with its losses; ``dropped`` where its
+        gradient never reached this stage."""
+        if chunk.done and chunk.x.grad is not None:
+            header, tensors = {"losses": chunk.losses, "dropped": False}, [chunk.x.grad]
+        else:
+            header, tensors = {"dropped": True}, []
+        self.links.send(self._name("b", step, slot, chunk.upstream, self.rank), chunk.upstream, header, tensors)
+        chunk.x = None
 
     # ----- evaluation along identity routes
     @torch.no_grad()
