@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+MAX_ADDRESS_BYTES = 2048  # a peer's list of addresses (the value under its address key)
+
 
 def message_key(run: str, round: int, peer_id: str) -> str:
     """The DHT key of ``peer_id``'s message for global round ``round`` of swarm ``run``."""

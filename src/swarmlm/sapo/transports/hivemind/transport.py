@@ -23,8 +23,8 @@ from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock
 from swarmlm.sapo.transports.hivemind.dht_process import (dht_class, fetch_values, read_dht_state, refresh_routing,
                                                           rejoin, routing_table_size)
 from swarmlm.sapo.transports.hivemind.identity import Identity, sender_peer_id
-from swarmlm.sapo.transports.hivemind.keys import address_key, message_key
-from swarmlm.sapo.transports.hivemind.validators import MAX_ADDRESS_BYTES, forget_validators, make_validators
+from swarmlm.sapo.transports.hivemind.keys import MAX_ADDRESS_BYTES, address_key, message_key
+from swarmlm.sapo.transports.hivemind.validators import forget_validators, make_validators
 
 log = logging.getLogger(__name__)
 
