@@ -8,7 +8,7 @@ import hashlib
 import math
 import time
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import Any
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
@@ -19,9 +19,6 @@ from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock
 from swarmlm.sapo.transports.hivemind.identity import sender_peer_id
 from swarmlm.sapo.transports.hivemind.keys import MAX_ADDRESS_BYTES, address_key, message_key
 
-if TYPE_CHECKING:
-    from swarmlm.sapo.transports.hivemind.validators import RoundBudget
-
 
 class SwarmRecordValidator(RecordValidatorBase):
     """This run's rules (:mod:`.validators`), applied by hivemind to every record this peer is asked
@@ -29,7 +26,7 @@ class SwarmRecordValidator(RecordValidatorBase):
     reason, each distinct record once."""
 
     def __init__(self, run: str, clock: RoundClock, *, back_rounds: int, max_value_bytes: int, max_ttl: float,
-                 budget: "RoundBudget"):
+                 budget: Any):  # a validators.RoundBudget (not imported: validators imports this module)
         self.run, self.clock = run, clock
         self.back_rounds, self.max_value_bytes, self.max_ttl = back_rounds, max_value_bytes, max_ttl
         self.budget = budget
