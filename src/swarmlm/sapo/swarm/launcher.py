@@ -143,8 +143,6 @@ def _status(followers: list[_Follower]) -> tuple[int, dict[str, Any]]:
 
 def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     """Start the nodes, follow them to the end, and summarise the run."""
-    from tqdm.auto import tqdm
-
     from swarmlm.sapo.node import initial_model_paths
     from swarmlm.sapo.transports.hivemind import require_hivemind
 
@@ -167,66 +165,83 @@ def run_swarm(config: SwarmConfig, *, progress: bool = True) -> dict[str, Any]:
     interrupted = False
     try:
         with graceful_interrupt() as stop:
-            nodes[0].start([])
-            deadline = time.monotonic() + config.startup_wait
-            info = None
-            while info is None:
-                info = nodes[0].peer_info()
-                if info is None:
-                    if nodes[0].returncode is not None:
-                        raise RuntimeError(f"node 0 exited with code {nodes[0].returncode} before its DHT was up:\n"
-                                           f"{_tail(nodes[0].log_path)}")
-                    if time.monotonic() > deadline or stop.requested:
-                        raise RuntimeError(f"node 0 printed no address within {config.startup_wait:.0f}s:\n"
-                                           f"{_tail(nodes[0].log_path)}")
-                    time.sleep(0.5)
+            info = _start_first_node(nodes[0], config.startup_wait, stop)
             print(f"node 0 is {info['peer_id']} at {' '.join(info['maddrs'])}", flush=True)
             for n in nodes[1:]:
                 n.start(list(info["maddrs"]))
-            total = config.nodes * config.rounds
-            bar = tqdm(total=total, desc=f"swarm of {config.nodes}", unit="step", disable=not progress)
-            forwarded = False
-            followers = [_Follower(n.dir / "metrics.jsonl") for n in nodes]
-            while True:
-                done, postfix = _status(followers)
-                bar.update(max(0, min(done, total) - bar.n))
-                bar.set_postfix(postfix, refresh=True)
-                if stop.requested and not forwarded:
-                    interrupted = forwarded = True
-                    for n in nodes:
-                        n.signal(signal.SIGINT)  # each node checkpoints after its current step
-                if all(n.returncode is not None for n in nodes):
-                    break
-                time.sleep(1.0)
-            bar.close()
+            interrupted = _follow(nodes, config.nodes * config.rounds, stop, progress)
     finally:
-        for n in nodes:
-            n.signal(signal.SIGTERM)
-        for n in nodes:
-            if n.proc is not None:
-                try:
-                    n.proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    n.signal(signal.SIGKILL)
+        _stop_all(nodes)
     codes = {f"node-{n.index}": n.returncode for n in nodes}
     for name, code in codes.items():
         if code not in (0, 130):
             print(f"{name} failed with exit code {code}; last lines of its log:\n{_tail(node_dir(out, int(name[5:])) / 'node.log')}",
                   file=sys.stderr)
     summary = run_summary(out, config.nodes, wall_seconds=round(time.time() - started, 1))
-    per_node = summary["nodes"]
-    round_s = sum((s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
-    transport_s = sum((s["transport_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
-    wait_s = sum((s["transport_wait_fraction"] or 0) * (s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
-    summary.update(
-        swarm=per_node,
-        exit_codes=codes,
-        transport_fraction=transport_s / round_s if round_s > 0 else None,
-        transport_wait_fraction=wait_s / round_s if round_s > 0 else None,
-        transport_io_fraction=(transport_s - wait_s) / round_s if round_s > 0 else None,
-        completed=not interrupted and all(code == 0 for code in codes.values()),
-    )
+    summary.update(swarm=summary["nodes"], exit_codes=codes, **_transport_fractions(summary["nodes"]),
+                   completed=not interrupted and all(code == 0 for code in codes.values()))
     summary.update(provenance({config.node_label(k): path for k, path in enumerate(initials)}))  # as in simulate; a mixed swarm's models each get theirs
     summary["environment"]["torch_threads"] = int(env["OMP_NUM_THREADS"])  # each node's, not this launcher's
     write_summary(out, summary)
     return summary
+
+
+def _start_first_node(node: "_NodeProcess", startup_wait: float, stop) -> dict[str, Any]:
+    """Start node 0 with no initial peers and wait for the address it prints (its peer id and multiaddrs)."""
+    node.start([])
+    deadline = time.monotonic() + startup_wait
+    while True:
+        info = node.peer_info()
+        if info is not None:
+            return info
+        if node.returncode is not None:
+            raise RuntimeError(f"node 0 exited with code {node.returncode} before its DHT was up:\n{_tail(node.log_path)}")
+        if time.monotonic() > deadline or stop.requested:
+            raise RuntimeError(f"node 0 printed no address within {startup_wait:.0f}s:\n{_tail(node.log_path)}")
+        time.sleep(0.5)
+
+
+def _follow(nodes: list["_NodeProcess"], total: int, stop, progress: bool) -> bool:
+    """Show the nodes' progress (from their metrics files) until every node has exited; Ctrl+C is passed on to
+    each node once, which checkpoints after its current step. Whether the run was interrupted."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=f"swarm of {len(nodes)}", unit="step", disable=not progress)
+    interrupted = False
+    followers = [_Follower(n.dir / "metrics.jsonl") for n in nodes]
+    while True:
+        done, postfix = _status(followers)
+        bar.update(max(0, min(done, total) - bar.n))
+        bar.set_postfix(postfix, refresh=True)
+        if stop.requested and not interrupted:
+            interrupted = True
+            for n in nodes:
+                n.signal(signal.SIGINT)
+        if all(n.returncode is not None for n in nodes):
+            break
+        time.sleep(1.0)
+    bar.close()
+    return interrupted
+
+
+def _stop_all(nodes: list["_NodeProcess"]) -> None:
+    """SIGTERM to every node still running, then SIGKILL to any still there after 60 s."""
+    for n in nodes:
+        n.signal(signal.SIGTERM)
+    for n in nodes:
+        if n.proc is not None:
+            try:
+                n.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                n.signal(signal.SIGKILL)
+
+
+def _transport_fractions(per_node: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """The share of all nodes' round time spent in the transport, waiting in it, and in its own work."""
+    round_s = sum((s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
+    transport_s = sum((s["transport_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
+    wait_s = sum((s["transport_wait_fraction"] or 0) * (s["round_seconds_mean"] or 0) * s["rounds"] for s in per_node.values())
+    if round_s <= 0:
+        return {"transport_fraction": None, "transport_wait_fraction": None, "transport_io_fraction": None}
+    return {"transport_fraction": transport_s / round_s, "transport_wait_fraction": wait_s / round_s,
+            "transport_io_fraction": (transport_s - wait_s) / round_s}
