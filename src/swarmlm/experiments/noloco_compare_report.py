@@ -253,9 +253,26 @@ def _std(x: float | None) -> str:
 
 
 def write_markdown(config, results: dict[str, Any], path: Path) -> None:
+    """``results.md``: the settings, NoLoCo's ratios, the comparisons, every method's final perplexity, the
+    simulated wall-clock to a common target and to each baseline's final perplexity, and the targets."""
+    refs = [r for r in REFERENCES_ORDER if r in config.methods]
+    sections = [_md_header(config, results, refs), _md_comparisons(results), _md_final_ppl(results, refs),
+                _md_time_to_target(config, results, refs), _md_time_to_baselines(results, refs), _md_targets(results)]
+    lines = [line for section in sections for line in section]
+    lines += ["", f"Total time of this command: {results['wall_s']:.0f} s (runs trained now: {len(results['timings'])})."]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _cells(results: dict[str, Any]):
+    """(H, M, that cell's rows by method) over the table, H and M as numbers in text."""
+    for hkey, cells in results["table"].items():
+        for mkey, rows in cells.items():
+            yield hkey, mkey, rows
+
+
+def _md_header(config, results: dict[str, Any], refs: list[str]) -> list[str]:
     cal = results["calibration"]
     seeds = ", ".join(map(str, config.seeds))
-    refs = [r for r in REFERENCES_ORDER if r in config.methods]
     hs = ", ".join(map(str, config.outer.every))
     lines = [
         "# NoLoCo against DiLoCo and data parallel",
@@ -275,20 +292,28 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         "| H | M | " + "".join(f"NoLoCo / {SHORT[r]} | " for r in refs) + "NoLoCo / DDP |",
         "|---|---|" + "---|" * (len(refs) + 1),
     ]
-    for hkey, cells in results["table"].items():
-        for mkey, rows in cells.items():
-            noloco = rows.get("noloco", {})
-            lines.append(f"| {hkey[1:]} | {mkey[1:]} | " + "".join(f"{_ratio(noloco.get(f'ratio_to_{r}'))} | " for r in refs)
-                         + f"{_ratio(_ddp_ratio(rows))} |")
-    if results.get("comparisons"):
-        lines += ["", "## The comparisons: NoLoCo variant / DiLoCo variant, final validation perplexity", "",
-                  "| comparison | methods | H | M | ratio (below 1: NoLoCo better) |", "|---|---|---|---|---|"]
-        for name, cells in results["comparisons"].items():
-            subject, reference = COMPARISONS[name]
-            for hkey, by_m in cells.items():
-                for mkey, ratio in by_m.items():
-                    lines.append(f"| {name} | {subject} / {reference} | {hkey[1:]} | {mkey[1:]} | {_ratio(ratio)} |")
-    lines += [
+    for hkey, mkey, rows in _cells(results):
+        noloco = rows.get("noloco", {})
+        lines.append(f"| {hkey[1:]} | {mkey[1:]} | " + "".join(f"{_ratio(noloco.get(f'ratio_to_{r}'))} | " for r in refs)
+                     + f"{_ratio(_ddp_ratio(rows))} |")
+    return lines
+
+
+def _md_comparisons(results: dict[str, Any]) -> list[str]:
+    if not results.get("comparisons"):
+        return []
+    lines = ["", "## The comparisons: NoLoCo variant / DiLoCo variant, final validation perplexity", "",
+             "| comparison | methods | H | M | ratio (below 1: NoLoCo better) |", "|---|---|---|---|---|"]
+    for name, cells in results["comparisons"].items():
+        subject, reference = COMPARISONS[name]
+        for hkey, by_m in cells.items():
+            for mkey, ratio in by_m.items():
+                lines.append(f"| {name} | {subject} / {reference} | {hkey[1:]} | {mkey[1:]} | {_ratio(ratio)} |")
+    return lines
+
+
+def _md_final_ppl(results: dict[str, Any], refs: list[str]) -> list[str]:
+    lines = [
         "",
         "## Final validation perplexity",
         "",
@@ -296,17 +321,21 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         + "replicas' range | model std before / after the last outer step | sent per rank | run wall s |",
         "|---|---|---|---|" + "---|" * len(refs) + "---|---|---|---|",
     ]
-    for hkey, cells in results["table"].items():
-        for mkey, rows in cells.items():
-            for v, row in rows.items():
-                rng = row["replica_ppl_range"]
-                lines.append(
-                    f"| {hkey[1:]} | {mkey[1:]} | {v} | **{_ppl(row['final_val_ppl'], row['final_val_ppl_ci95'])}** | "
-                    + "".join(f"{_ratio(row.get(f'ratio_to_{r}'))} | " for r in refs)
-                    + f"{'—' if not rng else f'{rng[0]:.2f} – {rng[1]:.2f}'} | "
-                    f"{_std(row['last_model_std_before'])} / {_std(row['last_model_std_after'])} | "
-                    f"{_bytes(row['bytes_sent_per_rank'])} | {_secs(row['wall_s'])} |")
-    lines += [
+    for hkey, mkey, rows in _cells(results):
+        for v, row in rows.items():
+            rng = row["replica_ppl_range"]
+            lines.append(
+                f"| {hkey[1:]} | {mkey[1:]} | {v} | **{_ppl(row['final_val_ppl'], row['final_val_ppl_ci95'])}** | "
+                + "".join(f"{_ratio(row.get(f'ratio_to_{r}'))} | " for r in refs)
+                + f"{'—' if not rng else f'{rng[0]:.2f} – {rng[1]:.2f}'} | "
+                f"{_std(row['last_model_std_before'])} / {_std(row['last_model_std_after'])} | "
+                f"{_bytes(row['bytes_sent_per_rank'])} | {_secs(row['wall_s'])} |")
+    return lines
+
+
+def _md_time_to_target(config, results: dict[str, Any], refs: list[str]) -> list[str]:
+    cal = results["calibration"]
+    lines = [
         "",
         "## Simulated wall-clock to a common target perplexity",
         "",
@@ -326,21 +355,24 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         + "".join(f"in steps: vs {SHORT[r]} | " for r in refs),
         "|---|---|---|---|---|---|---|" + "---|" * (3 * len(refs) + 2),
     ]
-    for hkey, cells in results["table"].items():
-        for mkey, rows in cells.items():
-            target = results["common_target_ppl"][hkey][mkey]
-            for v, row in rows.items():
-                tt = row.get("time_to_target", {})
-                lines.append(
-                    f"| {hkey[1:]} | {mkey[1:]} | {'—' if target is None else f'{target:.2f}'} | {v} | "
-                    f"{_secs(row['sim_s']['calibrated'])} | {_secs(row['sim_comm_s']['calibrated'])} | "
-                    f"{_timed(tt.get('calibrated'))} | "
-                    + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('calibrated'))} | " for r in refs)
-                    + f"{_timed(tt.get('measured'))} | "
-                    + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('measured'))} | " for r in refs)
-                    + f"{_timed(tt.get('steps'))} | "
-                    + "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get('steps'))} | " for r in refs))
-    lines += [
+    for hkey, mkey, rows in _cells(results):
+        target = results["common_target_ppl"][hkey][mkey]
+        for v, row in rows.items():
+            tt = row.get("time_to_target", {})
+
+            def speeds(clock: str) -> str:
+                return "".join(f"{_speed((row.get(f'speedup_to_target_vs_{r}') or {}).get(clock))} | " for r in refs)
+
+            lines.append(
+                f"| {hkey[1:]} | {mkey[1:]} | {'—' if target is None else f'{target:.2f}'} | {v} | "
+                f"{_secs(row['sim_s']['calibrated'])} | {_secs(row['sim_comm_s']['calibrated'])} | "
+                f"{_timed(tt.get('calibrated'))} | " + speeds("calibrated") + f"{_timed(tt.get('measured'))} | "
+                + speeds("measured") + f"{_timed(tt.get('steps'))} | " + speeds("steps"))
+    return lines
+
+
+def _md_time_to_baselines(results: dict[str, Any], refs: list[str]) -> list[str]:
+    lines = [
         "",
         "Time to each baseline's own final perplexity (mean curves over seeds, calibrated clock; 'never': not reached "
         "within the run):",
@@ -348,14 +380,17 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
         "| H | M | method | " + "".join(f"to {SHORT[r]}'s final (s) | speed-up | " for r in refs),
         "|---|---|---|" + "---|---|" * len(refs),
     ]
-    for hkey, cells in results["table"].items():
-        for mkey, rows in cells.items():
-            for v, row in rows.items():
-                reach = [row.get(f"time_to_{ref}_final") or {} for ref in refs]
-                lines.append(f"| {hkey[1:]} | {mkey[1:]} | {v} | " + "".join(
-                    ("never | — | " if r.get("sim_s") is None else f"{_secs(r['sim_s'])} | "
-                     + ("—" if not r.get("speedup") else f"{r['speedup']:.2f}×") + " | ") for r in reach))
-    lines += ["", "## Targets", ""]
+    for hkey, mkey, rows in _cells(results):
+        for v, row in rows.items():
+            reach = [row.get(f"time_to_{ref}_final") or {} for ref in refs]
+            lines.append(f"| {hkey[1:]} | {mkey[1:]} | {v} | " + "".join(
+                ("never | — | " if r.get("sim_s") is None else f"{_secs(r['sim_s'])} | "
+                 + ("—" if not r.get("speedup") else f"{r['speedup']:.2f}×") + " | ") for r in reach))
+    return lines
+
+
+def _md_targets(results: dict[str, Any]) -> list[str]:
+    lines = ["", "## Targets", ""]
     for hkey, cells in results["targets"].items():
         for mkey, t in cells.items():
             parts = []
@@ -365,8 +400,7 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
                     parts.append(f"NoLoCo/{LABELS[ref]} = {r:.3f} ({(r - 1) * 100:+.1f}%): within 1% or better: "
                                  f"{'yes' if t[f'within_1pct_of_{ref}_or_better'] else 'no'}")
             lines.append(f"- H = {hkey[1:]}, M = {mkey[1:]}: " + "; ".join(parts) + ".")
-    lines += ["", f"Total time of this command: {results['wall_s']:.0f} s (runs trained now: {len(results['timings'])})."]
-    path.write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def _ddp_ratio(rows: dict[str, Any]) -> dict[str, Any] | None:
