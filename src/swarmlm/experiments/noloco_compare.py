@@ -386,16 +386,52 @@ def measured_compute(records: dict[int, list[dict[str, Any]]], steps: int) -> np
 def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: dict[int, list[dict[str, Any]]],
                 calibration: dict[str, Any], link: LinkModel) -> dict[str, Any]:
     """The curves and final figures of one run, with its simulated clock under both compute models."""
+    m, steps, every = run.nproc, run.steps, run.outer.every
+    nbytes = _message_bytes(run, calibration["parameters"])
+    clocks, comm_free, measured, nbytes = _clocks(run, records, calibration, link, nbytes)
+    curve = _curve(records, clocks, m)
+    std = [{"step": row["step"], "before": row.get("model_std_fast"), "after": row.get("model_std")}
+           for row in records[0] if row.get("model_std") is not None]
+    last = {r: rows[-1] for r, rows in records.items() if rows}
+    final = curve[-1] if curve and curve[-1]["step"] == steps else None
+    summary = Path(run.out) / "summary.json"
+    return {
+        # H is the cell's (diloco-hb-2h runs at twice it: outer_every)
+        "variant": variant, "method": run.method, "H": None if run.method == "ddp" else every // VARIANTS[variant].get("h_factor", 1),
+        "outer_every": None if run.method == "ddp" else every, "M": m, "seed": run.seed,
+        "steps": steps, "out": run.out, "backend": run.backend,
+        "final_val_ppl": final["val_ppl"] if final else None,
+        "final_val_ppl_ranks": final["val_ppl_ranks"] if final else None,
+        "curve": curve, "model_std": std,
+        "message_bytes": nbytes,
+        "bytes_sent_per_rank": max((row.get("bytes_sent", 0) for row in last.values()), default=0),
+        "measured_comm_s": max((row.get("comm_s", 0.0) for row in last.values()), default=0.0),
+        "measured_compute_s_per_step": float(np.median(measured)),
+        "model_std_mean": _mean_std(std),
+        "sim_s": {name: float(clock[:, -1].max()) for name, clock in clocks.items()},
+        "sim_comm_s": {name: float(clock[:, -1].max()) - comm_free[name] for name, clock in clocks.items()},
+        "skipped_total": sum(row.get("skipped_total", 0) or 0 for row in last.values()),
+        "wall_s": json.loads(summary.read_text()).get("wall_s") if summary.exists() else None,
+    }
+
+
+def _message_bytes(run: TrainConfig, numel: int) -> int:
+    """Bytes one replica sends per synchronisation of ``run``'s method, for a model of ``numel`` parameters."""
+    if run.method == "ddp":
+        return 4 * (numel + 1)  # the gradients and the stop flag
+    if run.method == "noloco" and run.noloco.beta != run.noloco.gamma:
+        return 8 * numel  # θ and φ
+    return 4 * numel  # DiLoCo's pseudo-gradient, or NoLoCo's θ
+
+
+def _clocks(run: TrainConfig, records: dict[int, list[dict[str, Any]]], calibration: dict[str, Any], link: LinkModel,
+            nbytes: int) -> tuple[dict[str, np.ndarray], dict[str, float], np.ndarray, int]:
+    """Each replica's simulated clock after every step, under the calibrated compute and the measured one (the
+    in-process backend's own clock, or each rank's measured compute on the modelled link); the same runs'
+    totals without communication; the measured compute per step; the message size (a pipeline stage's share)."""
     from swarmlm.noloco.groups import make_groups
 
     m, steps, every = run.nproc, run.steps, run.outer.every
-    numel = calibration["parameters"]
-    if run.method == "ddp":
-        nbytes = 4 * (numel + 1)  # the gradients and the stop flag
-    elif run.method == "noloco" and run.noloco.beta != run.noloco.gamma:
-        nbytes = 8 * numel  # θ and φ
-    else:
-        nbytes = 4 * numel  # DiLoCo's pseudo-gradient, or NoLoCo's θ
 
     def groups(k: int):
         return make_groups(m, run.noloco.group_size, run.seed, k, run.noloco.leftover)
@@ -432,42 +468,25 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
     else:
         clocks["measured"] = simulate_clock(run.method, measured, link=link, every=every, nbytes=nbytes, groups=groups)
         comm_free["measured"] = float(measured.sum(axis=1).max())
+    return clocks, comm_free, measured, nbytes
+
+
+def _curve(records: dict[int, list[dict[str, Any]]], clocks: dict[str, np.ndarray], m: int) -> list[dict[str, Any]]:
+    """The validation curve: the mean loss over the replicas at every step all ``m`` of them evaluated, its
+    perplexity, each replica's, and the slowest replica's simulated time under each clock."""
     evals: dict[int, list[float]] = {}
     for rows in records.values():
         for row in rows:
             if row.get("val_loss") is not None:
                 evals.setdefault(row["step"], []).append(row["val_loss"])
-    eval_steps = sorted(s for s, v in evals.items() if len(v) == m)
     curve = []
-    for s in eval_steps:
+    for s in sorted(s for s, v in evals.items() if len(v) == m):
         loss = sum(evals[s]) / m
         point = {"step": s, "val_loss": loss, "val_ppl": math.exp(loss), "val_ppl_ranks": [math.exp(v) for v in evals[s]]}
         for name, clock in clocks.items():
             point[f"sim_s_{name}"] = 0.0 if s == 0 else float(clock[:, s - 1].max())
         curve.append(point)
-    std = [{"step": row["step"], "before": row.get("model_std_fast"), "after": row.get("model_std")}
-           for row in records[0] if row.get("model_std") is not None]
-    last = {r: rows[-1] for r, rows in records.items() if rows}
-    final = curve[-1] if curve and curve[-1]["step"] == steps else None
-    return {
-        # H is the cell's (diloco-hb-2h runs at twice it: outer_every)
-        "variant": variant, "method": run.method, "H": None if run.method == "ddp" else every // VARIANTS[variant].get("h_factor", 1),
-        "outer_every": None if run.method == "ddp" else every, "M": m, "seed": run.seed,
-        "steps": steps, "out": run.out, "backend": run.backend,
-        "final_val_ppl": final["val_ppl"] if final else None,
-        "final_val_ppl_ranks": final["val_ppl_ranks"] if final else None,
-        "curve": curve, "model_std": std,
-        "message_bytes": nbytes,
-        "bytes_sent_per_rank": max((row.get("bytes_sent", 0) for row in last.values()), default=0),
-        "measured_comm_s": max((row.get("comm_s", 0.0) for row in last.values()), default=0.0),
-        "measured_compute_s_per_step": float(np.median(measured)),
-        "model_std_mean": _mean_std(std),
-        "sim_s": {name: float(clock[:, -1].max()) for name, clock in clocks.items()},
-        "sim_comm_s": {name: float(clock[:, -1].max()) - comm_free[name] for name, clock in clocks.items()},
-        "skipped_total": sum(row.get("skipped_total", 0) or 0 for row in last.values()),
-        "wall_s": json.loads((Path(run.out) / "summary.json").read_text()).get("wall_s")
-        if (Path(run.out) / "summary.json").exists() else None,
-    }
+    return curve
 
 
 def _mean_std(std: list[dict[str, Any]]) -> dict[str, float | None]:
