@@ -86,13 +86,9 @@ def _pairs(m: int, seed: int, index: int) -> list[list[int]]:
 
 def bench_worker(config_json: str) -> list[dict[str, Any]]:
     """One rank: every operation × latency × straggler, timed; returns this rank's records."""
-    import datetime
-
     import torch
     import torch.distributed as dist
 
-    from swarmlm.noloco.comm.emulated import EmulatedCommunicator
-    from swarmlm.noloco.comm.exchange import DistributedCommunicator, send_recv
     from swarmlm.runtime.distributed import destroy_process_group, init_process_group
 
     config = SyncBenchConfig.model_validate_json(config_json)
@@ -100,55 +96,21 @@ def bench_worker(config_json: str) -> list[dict[str, Any]]:
     rank, world = init_process_group(backend="gloo", timeout_s=max(300.0, 4 * config.timeout_s))
     key = [os.urandom(6).hex() if rank == 0 else None]
     dist.broadcast_object_list(key, src=0)
-    nbytes = config.numel * 4
-    injected = LinkModel(config.latency_ms / 1000, config.bandwidth_gbit * 1e9 / 8 if config.bandwidth_gbit > 0 else math.inf,
-                         config.allreduce)
-    algorithm = injected.best_algorithm(nbytes, world) if config.allreduce == "best" else config.allreduce
-    plain = DistributedCommunicator(rank=rank, world_size=world, timeout_s=config.timeout_s, run_key=f"sync-{key[0]}")
-    links = {lat: EmulatedCommunicator(link=LinkModel(lat / 1000, injected.bandwidth if lat > 0 else math.inf, algorithm),
-                                       rank=rank, world_size=world, timeout_s=config.timeout_s, run_key=f"sync-{key[0]}")
-             for lat in sorted({0.0, config.latency_ms})}
-    payload = torch.full((config.numel,), float(rank))
-    store = plain.store
+    bench = _RankBench(config, rank, world, key[0])
     records: list[dict[str, Any]] = []
-    counter = [0]
+    for op, latency, straggle, repeats in _plan(config):
+        for index in range(repeats + 1):  # the first is a warm-up, not recorded
+            record = bench.timed(op, latency, straggle, index)
+            if index > 0 and record is not None:
+                records.append(record)
+    dist.barrier()
+    bench.plain.finish(grace_s=2 * config.timeout_s)
+    destroy_process_group()
+    return records
 
-    def persistent_link(index: int, tag: str):
-        group = next(g for g in _pairs(world, config.seed, index) if rank in g)
-        if len(group) != 2:  # a group of three (odd M): not a single hop; measured by "pair" only
-            return None, group
-        low, high = group
-        prefix = dist.PrefixStore(f"swarmlm/sync/{key[0]}/persist/{tag}/{index}/{low}-{high}/", store)
-        pg = dist.ProcessGroupGloo(prefix, 0 if rank == low else 1, 2, datetime.timedelta(seconds=config.timeout_s))
-        return pg, group
 
-    def run_op(op: str, latency: float, index: int, pg, group) -> dict[str, Any]:
-        comm = links[latency]
-        if op == "allreduce-gloo":
-            x = payload.clone()
-            plain.all_reduce_mean_(x)
-            ok = bool(torch.allclose(x, torch.full_like(x, (world - 1) / 2)))
-            return {"ok": ok}
-        if op == "allreduce":
-            x = payload.clone()
-            comm.all_reduce_mean_(x)
-            return {"ok": bool(torch.allclose(x, torch.full_like(x, (world - 1) / 2))), "algorithm": algorithm}
-        if op == "pair":
-            counter[0] += 1
-            result = comm.exchange(counter[0], group, payload)
-            ok = not result.skipped and all(bool((t == float(p)).all()) for p, t in result.received.items())
-            return {"ok": ok, "partners": sorted(result.received), "skipped": sorted(result.skipped)}
-        if op == "pair-persistent":
-            if pg is None:
-                return {"ok": None, "partners": []}
-            peer = next(p for p in group if p != rank)
-            buffer = torch.empty_like(payload)
-            works = comm.pair_transfer(pg, {group[0]: 0, group[1]: 1}, payload, buffer, 1 if rank == group[0] else 0)
-            for work in works:
-                work.wait()
-            return {"ok": bool((buffer == float(peer)).all()), "partners": [peer]}
-        raise ValueError(op)
-
+def _plan(config: SyncBenchConfig) -> list[tuple[str, float, bool, int]]:
+    """(operation, injected latency in ms, with a straggler, repeats) in the order they are timed."""
     plan = []
     for latency in sorted({0.0, config.latency_ms}):
         for op in OPS:
@@ -157,33 +119,106 @@ def bench_worker(config_json: str) -> list[dict[str, Any]]:
             plan.append((op, latency, False, config.repeats))
             if config.straggler_s > 0:
                 plan.append((op, latency, True, config.straggler_repeats))
-    for op, latency, straggle, repeats in plan:
-        for index in range(repeats + 1):  # the first is a warm-up, not recorded
-            group = next(g for g in _pairs(world, config.seed, index) if rank in g)
-            pg = None
-            if op == "pair-persistent":
-                pg, group = persistent_link(index, f"{latency}-{int(straggle)}")
-                dist.barrier()
-                if pg is not None:  # connect the link before the clock starts (a first tiny message)
-                    works = send_recv(pg, {group[0]: 0, group[1]: 1}, torch.zeros(1), torch.zeros(1),
-                                                    1 if rank == group[0] else 0)
-                    for work in works:
-                        work.wait()
-            dist.barrier()
-            started = time.perf_counter()
-            if straggle and rank == config.straggler_rank % world:
-                time.sleep(config.straggler_s)
-            info = run_op(op, latency, index, pg, group)
-            seconds = time.perf_counter() - started
-            if pg is not None:
-                torch.distributed.distributed_c10d._world.pg_group_ranks.pop(pg, None)
-            if index > 0 and not (op == "pair-persistent" and pg is None):
-                records.append({"op": op, "latency_ms": latency, "straggler": straggle, "repeat": index, "rank": rank,
-                                "M": world, "seconds": seconds, "group": group, **info})
-    dist.barrier()
-    plain.finish(grace_s=2 * config.timeout_s)
-    destroy_process_group()
-    return records
+    return plan
+
+
+class _RankBench:
+    """One rank's communicators (the plain one, and an emulated link per latency) and its timed operations."""
+
+    def __init__(self, config: SyncBenchConfig, rank: int, world: int, key: str):
+        import torch
+
+        from swarmlm.noloco.comm.emulated import EmulatedCommunicator
+        from swarmlm.noloco.comm.exchange import DistributedCommunicator
+
+        self.config, self.rank, self.world, self.key = config, rank, world, key
+        nbytes = config.numel * 4
+        injected = LinkModel(config.latency_ms / 1000,
+                             config.bandwidth_gbit * 1e9 / 8 if config.bandwidth_gbit > 0 else math.inf, config.allreduce)
+        self.algorithm = injected.best_algorithm(nbytes, world) if config.allreduce == "best" else config.allreduce
+        self.plain = DistributedCommunicator(rank=rank, world_size=world, timeout_s=config.timeout_s,
+                                             run_key=f"sync-{key}")
+        self.links = {lat: EmulatedCommunicator(
+            link=LinkModel(lat / 1000, injected.bandwidth if lat > 0 else math.inf, self.algorithm),
+            rank=rank, world_size=world, timeout_s=config.timeout_s, run_key=f"sync-{key}")
+            for lat in sorted({0.0, config.latency_ms})}
+        self.payload = torch.full((config.numel,), float(rank))
+        self.exchanges = 0
+
+    def timed(self, op: str, latency: float, straggle: bool, index: int) -> dict[str, Any] | None:
+        """Run ``op`` once after a barrier (the straggler sleeping first) and time it; None for a persistent pair
+        link where this rank is in a group of three."""
+        import torch.distributed as dist
+
+        from swarmlm.noloco.comm.exchange import forget_pair_group
+
+        config = self.config
+        group = next(g for g in _pairs(self.world, config.seed, index) if self.rank in g)
+        pg = None
+        if op == "pair-persistent":
+            pg, group = self._persistent_link(index, f"{latency}-{int(straggle)}")
+        dist.barrier()
+        started = time.perf_counter()
+        if straggle and self.rank == config.straggler_rank % self.world:
+            time.sleep(config.straggler_s)
+        info = self._run(op, latency, pg, group)
+        seconds = time.perf_counter() - started
+        if pg is not None:
+            forget_pair_group(pg)
+        if op == "pair-persistent" and pg is None:
+            return None
+        return {"op": op, "latency_ms": latency, "straggler": straggle, "repeat": index, "rank": self.rank,
+                "M": self.world, "seconds": seconds, "group": group, **info}
+
+    def _persistent_link(self, index: int, tag: str):
+        """A two-rank gloo group of this rank's pair, connected by a first tiny message before any clock starts
+        (None for a group of three: odd M, not a single hop, measured by "pair" only)."""
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        from swarmlm.noloco.comm.exchange import send_recv
+
+        group = next(g for g in _pairs(self.world, self.config.seed, index) if self.rank in g)
+        pg = None
+        if len(group) == 2:
+            low, high = group
+            prefix = dist.PrefixStore(f"swarmlm/sync/{self.key}/persist/{tag}/{index}/{low}-{high}/", self.plain.store)
+            pg = dist.ProcessGroupGloo(prefix, 0 if self.rank == low else 1, 2,
+                                       datetime.timedelta(seconds=self.config.timeout_s))
+        dist.barrier()
+        if pg is not None:
+            for work in send_recv(pg, {group[0]: 0, group[1]: 1}, torch.zeros(1), torch.zeros(1),
+                                  1 if self.rank == group[0] else 0):
+                work.wait()
+        return pg, group
+
+    def _run(self, op: str, latency: float, pg, group: list[int]) -> dict[str, Any]:
+        """One synchronisation and whether every rank got what it should."""
+        import torch
+
+        comm, rank, world = self.links[latency], self.rank, self.world
+        if op in ("allreduce-gloo", "allreduce"):
+            x = self.payload.clone()
+            (self.plain if op == "allreduce-gloo" else comm).all_reduce_mean_(x)
+            ok = bool(torch.allclose(x, torch.full_like(x, (world - 1) / 2)))
+            return {"ok": ok} if op == "allreduce-gloo" else {"ok": ok, "algorithm": self.algorithm}
+        if op == "pair":
+            self.exchanges += 1
+            result = comm.exchange(self.exchanges, group, self.payload)
+            ok = not result.skipped and all(bool((t == float(p)).all()) for p, t in result.received.items())
+            return {"ok": ok, "partners": sorted(result.received), "skipped": sorted(result.skipped)}
+        if op == "pair-persistent":
+            if pg is None:
+                return {"ok": None, "partners": []}
+            peer = next(p for p in group if p != rank)
+            buffer = torch.empty_like(self.payload)
+            for work in comm.pair_transfer(pg, {group[0]: 0, group[1]: 1}, self.payload, buffer,
+                                           1 if rank == group[0] else 0):
+                work.wait()
+            return {"ok": bool((buffer == float(peer)).all()), "partners": [peer]}
+        raise ValueError(op)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -68,6 +68,11 @@ def send_recv(pg, ranks: dict[int, int], payload: torch.Tensor, buffer: torch.Te
     return dist.batch_isend_irecv(ops)
 
 
+def forget_pair_group(pg) -> None:
+    """Undo :func:`send_recv`'s registration of the two-rank group ``pg`` (once its transfers are done)."""
+    c10d._world.pg_group_ranks.pop(pg, None)
+
+
 class DistributedCommunicator(Communicator):
     """All communication of one rank (see the module docstring). ``group``: the process group of the averages
     (None: all ranks), of ``world_size`` ranks; ``store``: the job's store (None: the default group's)."""
@@ -185,7 +190,7 @@ class DistributedCommunicator(Communicator):
         except (RuntimeError, dist.DistError) as err:
             raise LinkSkipped(f"transfer failed: {str(err).splitlines()[0][:200]}") from None
         finally:
-            c10d._world.pg_group_ranks.pop(pg, None)
+            forget_pair_group(pg)
             del pg
         return buffer
 
