@@ -114,6 +114,16 @@ def test_the_trust_boundary_is_one_package():
     assert not [m for m in graph if m.startswith("swarmlm.tasks") and any(w in m for w in ("scor", "verif", "hygiene"))]
 
 
+def test_no_function_runs_over_80_lines():
+    """Long bodies are split into named steps (docstrings and comments count)."""
+    long = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []
+
+
 def test_only_experiments_import_matplotlib():
     """matplotlib is the optional ``plots`` extra."""
     users = []

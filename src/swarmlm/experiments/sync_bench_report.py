@@ -27,12 +27,10 @@ def _cell(rows, m, op, latency, straggler=False):
 
 
 def write_markdown(config, report: dict[str, Any], path: Path) -> None:
+    """``sync.md``: the measured step per M and operation beside the model, the straggler's effect, the analytic
+    extension to many replicas and the targets."""
     s = report["settings"]
-    rows = report["cells"]
-    ms = sorted({r["M"] for r in rows})
-    lat = config.latency_ms
-    latencies = sorted({r["latency_ms"] for r in rows})
-    algorithm = {m: (_cell(rows, m, "allreduce", lat) or _cell(rows, m, "allreduce", 0.0) or {}).get("algorithm") for m in ms}
+    ms = sorted({r["M"] for r in report["cells"]})
     lines = [
         "# Synchronisation step: NoLoCo pair exchange against all-reduce",
         "",
@@ -42,10 +40,20 @@ def write_markdown(config, report: dict[str, Any], path: Path) -> None:
         "",
         "Load average (1 min) before each M: " + ", ".join(
             f"M={m}: {report['load'][str(m)]['loadavg_before'][0]:.1f}" for m in ms if str(m) in report["load"]) + ".",
-        "",
-        "## Measured",
-        "",
     ]
+    lines += _measured_lines(config, report, ms)
+    lines += _straggler_lines(config, report, ms)
+    lines += _analytic_lines(config, report)
+    lines += _target_lines(config, report)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _measured_lines(config, report: dict[str, Any], ms: list[int]) -> list[str]:
+    rows = report["cells"]
+    lat = config.latency_ms
+    latencies = sorted({r["latency_ms"] for r in rows})
+    algorithm = {m: (_cell(rows, m, "allreduce", lat) or _cell(rows, m, "allreduce", 0.0) or {}).get("algorithm") for m in ms}
+    lines = ["", "## Measured", ""]
     header = ["M", "all-reduce algorithm"]
     columns = []
     for latency in latencies:
@@ -82,31 +90,35 @@ def write_markdown(config, report: dict[str, Any], path: Path) -> None:
         + (f"Largest deviation of the model from the injected measurements: {fit['max_abs_error'] * 100:.0f}%."
            if fit.get("max_abs_error") is not None else ""),
     ]
-    if config.straggler_s > 0:
-        lines += [
-            "",
-            f"## One straggler (rank {config.straggler_rank} joins {config.straggler_s * 1000:.0f} ms late)",
-            "",
-            f"Median over {config.straggler_repeats} repeats, in ms: the straggler's own time after its delay, its "
-            "partner's time (NoLoCo), and the other ranks' time (median and slowest). Without a straggler, a rank "
-            "takes the 'alone' time.",
-            "",
-            "| M | operation | link | alone | straggler (after its delay) | its partner | other ranks (median) | other ranks (slowest) |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for m in ms:
-            for latency in latencies:
-                for op in ("allreduce-gloo", "allreduce", "pair", "pair-persistent"):
-                    c = _cell(rows, m, op, latency, True)
-                    base = _cell(rows, m, op, latency)
-                    if not c:
-                        continue
-                    lines.append(f"| {m} | {LABELS[op]} | {latency:g} ms | {_ms(base['rank_median_s'] if base else None)} | "
-                                 f"{_ms(c.get('straggler_own_s'))} | {_ms(c.get('partner_s'))} | {_ms(c.get('others_s'))} | "
-                                 f"{_ms(c.get('others_max_s'))} |")
-    lines += _analytic_lines(config, report)
-    lines += _target_lines(config, report)
-    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def _straggler_lines(config, report: dict[str, Any], ms: list[int]) -> list[str]:
+    if config.straggler_s <= 0:
+        return []
+    rows = report["cells"]
+    lines = [
+        "",
+        f"## One straggler (rank {config.straggler_rank} joins {config.straggler_s * 1000:.0f} ms late)",
+        "",
+        f"Median over {config.straggler_repeats} repeats, in ms: the straggler's own time after its delay, its "
+        "partner's time (NoLoCo), and the other ranks' time (median and slowest). Without a straggler, a rank "
+        "takes the 'alone' time.",
+        "",
+        "| M | operation | link | alone | straggler (after its delay) | its partner | other ranks (median) | other ranks (slowest) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m in ms:
+        for latency in sorted({r["latency_ms"] for r in rows}):
+            for op in ("allreduce-gloo", "allreduce", "pair", "pair-persistent"):
+                c = _cell(rows, m, op, latency, True)
+                base = _cell(rows, m, op, latency)
+                if not c:
+                    continue
+                lines.append(f"| {m} | {LABELS[op]} | {latency:g} ms | {_ms(base['rank_median_s'] if base else None)} | "
+                             f"{_ms(c.get('straggler_own_s'))} | {_ms(c.get('partner_s'))} | {_ms(c.get('others_s'))} | "
+                             f"{_ms(c.get('others_max_s'))} |")
+    return lines
 
 
 def _analytic_lines(config, report) -> list[str]:
@@ -166,15 +178,28 @@ def _target_lines(config, report) -> list[str]:
     return out
 
 
-def plot(config, report: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
+_OP_COLORS = {"allreduce-gloo": "tab:gray", "allreduce": "tab:red", "pair": "tab:blue", "pair-persistent": "tab:green"}
 
+
+def plot(config, report: dict[str, Any], path: Path) -> None:
+    """Three panels: the measured synchronisation step per M, the analytic model with the measurements over it, and
+    the extra wait one straggler causes."""
+    plt = pyplot()
     rows = report["cells"]
     ms = sorted({r["M"] for r in rows})
-    latencies = sorted({r["latency_ms"] for r in rows})
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
-    ax = axes[0]
-    colors = {"allreduce-gloo": "tab:gray", "allreduce": "tab:red", "pair": "tab:blue", "pair-persistent": "tab:green"}
+    _plot_measured(axes[0], rows, ms)
+    _plot_analytic(axes[1], config, report, rows, ms)
+    _plot_straggler(axes[2], config, report, ms)
+    fig.suptitle(f"Synchronisation step: {report['settings']['numel']:,} fp32 values per rank")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_measured(ax, rows: list[dict[str, Any]], ms: list[int]) -> None:
+    colors = _OP_COLORS
+    latencies = sorted({r["latency_ms"] for r in rows})
     for latency in latencies:
         for op in ("allreduce-gloo", "allreduce", "pair", "pair-persistent"):
             ys = [(_cell(rows, m, op, latency) or {}).get("step_s") for m in ms]
@@ -191,7 +216,9 @@ def plot(config, report: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6.5)
 
-    ax = axes[1]
+
+def _plot_analytic(ax, config, report: dict[str, Any], rows: list[dict[str, Any]], ms: list[int]) -> None:
+    colors = _OP_COLORS
     bench = [r for r in report["analytic"] if r["size"] == "bench tensor"]
     mm = [r["M"] for r in bench]
     for key, color, label in (("pair_s", "tab:green", "pair"), ("ring_s", "tab:orange", "ring"),
@@ -219,7 +246,10 @@ def plot(config, report: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=6.5)
 
-    ax = axes[2]
+
+def _plot_straggler(ax, config, report: dict[str, Any], ms: list[int]) -> None:
+    colors = _OP_COLORS
+    lat = config.latency_ms
     waits = (report["targets"].get("straggler") or {}).get("waits", [])
     if waits:
         show = [w for w in waits if w["latency_ms"] == (lat if lat > 0 else 0.0)]
@@ -245,10 +275,6 @@ def plot(config, report: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     else:
         ax.set_axis_off()
-    fig.suptitle(f"Synchronisation step: {report['settings']['numel']:,} fp32 values per rank")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_sync_report(config, report: dict[str, Any], out: Path) -> None:
