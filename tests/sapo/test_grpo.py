@@ -695,7 +695,7 @@ def test_node_shuffle_advantages_trains_the_same_advantages_on_other_completions
     """--grpo.shuffle-advantages (the reward control): every own and external group reaches the update with the
     advantages it would have had, assigned to its completions in another order; off (the default), in order."""
     from swarmlm.sapo.engines.base import Generated
-    from swarmlm.sapo.node import OwnRollouts
+    from swarmlm.sapo.rollouts import OwnRollouts
     from swarmlm.sapo.records import RolloutRecord
     from swarmlm.sapo.selection import ScoredGroup
 
@@ -748,7 +748,7 @@ def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails
     import random
 
     from swarmlm.sapo.engines.base import Generated
-    from swarmlm.sapo.node import OwnRollouts
+    from swarmlm.sapo.rollouts import OwnRollouts
     from swarmlm.sapo.records import RolloutRecord
     from swarmlm.sapo.selection import ScoredGroup, select_external
 

@@ -21,7 +21,6 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,17 @@ from swarmlm.runtime.metrics import MetricsWriter
 from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
-from swarmlm.sapo.engines.base import Generated, GenerationEngine, tokenize_prompts
+from swarmlm.sapo.engines.base import GenerationEngine, tokenize_prompts
 from swarmlm.sapo.grpo import (
     baseline_advantages,
     family_baselines,
     group_advantages,
-    is_zero_advantage,
     permuted_within_groups,
 )
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
+from swarmlm.sapo.rollouts import OwnRollouts
+from swarmlm.sapo.round_metrics import RoundOutcome, round_record
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
@@ -123,20 +123,6 @@ def initial_model_paths(configs: list[SAPOConfig], progress: bool = True) -> lis
 
 def node_seed(base_seed: int, node_index: int) -> int:
     return base_seed * 1_000 + node_index
-
-
-@dataclass
-class OwnRollouts:
-    """What a node generated in :meth:`SAPONode.play`, kept for :meth:`SAPONode.learn`."""
-
-    round: int
-    generated: list[Generated]
-    scores: list[list[float]]  # the task's scores of each group's completions (before ``grpo.reward``)
-    gen_seconds: float
-    gen_tokens: int
-    transport_seconds: float = 0.0
-    global_round: int | None = None  # the swarm-wide round its records were published under
-    families: list[str] = field(default_factory=list)  # each group's task family
 
 
 class SAPONode:
@@ -381,13 +367,6 @@ class SAPONode:
             return
         self.metrics.log({"round": 0, "node": self.node_id, **self.evaluate(), "cumulative_reward_own": 0.0})
 
-    def _mean_task_reward(self, groups: list[ScoredGroup]) -> float | None:
-        """The mean task reward of external groups' completions (None for no group)."""
-        if not groups:
-            return None
-        return sum(sum(self.task_rewards(g.scores if g.scores is not None else g.rewards)) / len(g.rewards)
-                   for g in groups) / len(groups)
-
     def learn(self, own: OwnRollouts, round_started: float) -> dict[str, Any]:
         """Collect, select, update, evaluate, log; returns the round's metrics."""
         round = own.round
@@ -404,66 +383,23 @@ class SAPONode:
         train_stats = self.update(samples, round)
         train_seconds = time.perf_counter() - started
         own_rewards = [self.task_rewards(s) for s in own.scores]
-        answered = [[extract_answer(t) is not None for t in gen.texts] for gen in own.generated]
         reward_own = sum(map(sum, own_rewards)) / max(1, sum(map(len, own_rewards)))
         self.cumulative_reward_own += reward_own
         self.round = round
         cfg = self.config
         is_last = round == cfg.rounds
         do_eval = is_last or (cfg.eval_every > 0 and round % cfg.eval_every == 0)
-        evaluation = self.evaluate() if do_eval else {"eval_pass1": None}
-        all_completions = [c for gen in own.generated for c in gen.completion_ids]
-        record = {
-            "round": round,
-            "node": self.node_id,
-            "reward_own": reward_own,
-            "reward_external": self._mean_task_reward(chosen),
-            "reward_external_pool": self._mean_task_reward(pool),
-            **evaluation,
-            **train_stats,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "external_used": len(chosen),
-            "external_sources": dict(Counter(g.record.node_id for g in chosen)),
-            "global_round": own.global_round,
-            "external_pool": len(pool),
-            **info,
-            "transport_seconds": info["transport_seconds"] + own.transport_seconds,
-            "drops": dict(self.drops.counts),
-            "own_unscored": dict(self.own_unscored),
-            "format_rate": sum(map(sum, answered)) / max(1, len(all_completions)),
-            "completion_tokens": sum(map(len, all_completions)) / max(1, len(all_completions)),
-            # the share of completions cut at max_new_tokens (no EOS), and of own groups with no advantage
-            "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / max(1, len(all_completions)),
-            "zero_adv_groups": sum(map(is_zero_advantage, own_training_rewards)) / max(1, len(own.scores)),
-            "by_family": self._family_stats(own, own_rewards, answered),
-            "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
-            "gen_seconds": own.gen_seconds,
-            "train_seconds": train_seconds,
-            "round_seconds": time.perf_counter() - round_started,
-            "cumulative_reward_own": self.cumulative_reward_own,
-            **self.transport.stats(),
-        }
+        record = round_record(RoundOutcome(
+            node_id=self.node_id, own=own, own_rewards=own_rewards, own_training_rewards=own_training_rewards,
+            pool=pool, chosen=chosen, intake=info, train=train_stats,
+            evaluation=self.evaluate() if do_eval else {"eval_pass1": None}, lr=self.optimizer.param_groups[0]["lr"],
+            drops=dict(self.drops.counts), own_unscored=dict(self.own_unscored), transport=self.transport.stats(),
+            train_seconds=train_seconds, round_seconds=time.perf_counter() - round_started,
+            cumulative_reward_own=self.cumulative_reward_own, task_rewards=self.task_rewards))
         self.metrics.log(record)
         if round % cfg.checkpoint_every == 0 or is_last:
             self.checkpoint()
         return record
-
-    @staticmethod
-    def _family_stats(own: OwnRollouts, rewards: list[list[float]], answered: list[list[bool]]) -> dict[str, dict[str, float]]:
-        """Per task family of the round's own groups: how many, their mean task reward (``rewards``), the share of
-        completions with an answer span (``answered``) and the share cut at ``max_new_tokens`` (a loss of the format
-        shows which family)."""
-        totals: dict[str, list[float]] = {}
-        for family, gen, group_rewards, group_answered in zip(own.families, own.generated, rewards, answered):
-            t = totals.setdefault(family, [0, 0, 0.0, 0, 0])
-            t[0] += 1
-            t[1] += len(gen.texts)
-            t[2] += sum(group_rewards)
-            t[3] += sum(group_answered)
-            t[4] += sum(not f for f in gen.finished)
-        return {family: {"groups": groups, "reward": reward / max(1, n), "format_rate": fmt / max(1, n),
-                         "truncated_rate": cut / max(1, n)}
-                for family, (groups, n, reward, fmt, cut) in sorted(totals.items())}
 
     def run_round(self, round: int) -> dict[str, Any]:
         started = time.perf_counter()

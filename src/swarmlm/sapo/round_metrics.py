@@ -1,0 +1,104 @@
+"""The metrics line of one SAPO round, computed from what the round did.
+
+The node reports the round's outcome (:class:`RoundOutcome`: its own rollouts and their rewards, the pool of
+peers' groups and those chosen, the update's statistics, the evaluation) and :func:`round_record` turns it into
+the line ``metrics.jsonl`` and TensorBoard get: the round's algorithm does not compute its own measurements.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from swarmlm.sapo.grpo import is_zero_advantage
+from swarmlm.sapo.rollouts import OwnRollouts
+from swarmlm.sapo.selection import ScoredGroup
+from swarmlm.tasks import extract_answer
+
+
+@dataclass
+class RoundOutcome:
+    """What one node's round did."""
+
+    node_id: str
+    own: OwnRollouts
+    own_rewards: list[list[float]]  # task rewards of each own group's completions (grpo.reward)
+    own_training_rewards: list[list[float]]  # the rewards the update saw (with the format bonus)
+    pool: list[ScoredGroup]  # the peers' groups this node verified
+    chosen: list[ScoredGroup]  # those it trained on
+    intake: dict[str, Any]  # the collect's counts and times (peers heard, records accepted, ...)
+    train: dict[str, Any]  # the update's statistics
+    evaluation: dict[str, Any]  # held-out pass@1 where the round evaluated, else {"eval_pass1": None}
+    lr: float
+    drops: dict[str, int]  # records dropped so far, by reason
+    own_unscored: dict[str, int]  # own completions the verifier could not score, by reason
+    transport: dict[str, Any]  # the transport's own statistics
+    train_seconds: float
+    round_seconds: float
+    cumulative_reward_own: float
+    task_rewards: Callable[[list[float]], list[float]]  # scores -> task rewards (grpo.reward)
+
+
+def round_record(outcome: RoundOutcome) -> dict[str, Any]:
+    """The round's metrics line (the keys every report reads)."""
+    own = outcome.own
+    answered = [[extract_answer(t) is not None for t in gen.texts] for gen in own.generated]
+    completions = [c for gen in own.generated for c in gen.completion_ids]
+    n = max(1, len(completions))
+    info = outcome.intake
+    return {
+        "round": own.round,
+        "node": outcome.node_id,
+        "reward_own": sum(map(sum, outcome.own_rewards)) / max(1, sum(map(len, outcome.own_rewards))),
+        "reward_external": mean_task_reward(outcome.chosen, outcome.task_rewards),
+        "reward_external_pool": mean_task_reward(outcome.pool, outcome.task_rewards),
+        **outcome.evaluation,
+        **outcome.train,
+        "lr": outcome.lr,
+        "external_used": len(outcome.chosen),
+        "external_sources": dict(Counter(g.record.node_id for g in outcome.chosen)),
+        "global_round": own.global_round,
+        "external_pool": len(outcome.pool),
+        **info,
+        "transport_seconds": info["transport_seconds"] + own.transport_seconds,
+        "drops": outcome.drops,
+        "own_unscored": outcome.own_unscored,
+        "format_rate": sum(map(sum, answered)) / n,
+        "completion_tokens": sum(map(len, completions)) / n,
+        # the share of completions cut at max_new_tokens (no EOS), and of own groups with no advantage
+        "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / n,
+        "zero_adv_groups": sum(map(is_zero_advantage, outcome.own_training_rewards)) / max(1, len(own.scores)),
+        "by_family": family_stats(own, outcome.own_rewards, answered),
+        "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
+        "gen_seconds": own.gen_seconds,
+        "train_seconds": outcome.train_seconds,
+        "round_seconds": outcome.round_seconds,
+        "cumulative_reward_own": outcome.cumulative_reward_own,
+        **outcome.transport,
+    }
+
+
+def mean_task_reward(groups: list[ScoredGroup], task_rewards: Callable[[list[float]], list[float]]) -> float | None:
+    """The mean task reward of external groups' completions (None for no group)."""
+    if not groups:
+        return None
+    return sum(sum(task_rewards(g.scores if g.scores is not None else g.rewards)) / len(g.rewards)
+               for g in groups) / len(groups)
+
+
+def family_stats(own: OwnRollouts, rewards: list[list[float]], answered: list[list[bool]]) -> dict[str, dict[str, float]]:
+    """Per task family of the round's own groups: how many, their mean task reward (``rewards``), the share of
+    completions with an answer span (``answered``) and the share cut at ``max_new_tokens`` (a loss of the format
+    shows which family)."""
+    totals: dict[str, list[float]] = {}
+    for family, gen, group_rewards, group_answered in zip(own.families, own.generated, rewards, answered):
+        t = totals.setdefault(family, [0, 0, 0.0, 0, 0])
+        t[0] += 1
+        t[1] += len(gen.texts)
+        t[2] += sum(group_rewards)
+        t[3] += sum(group_answered)
+        t[4] += sum(not f for f in gen.finished)
+    return {family: {"groups": groups, "reward": reward / max(1, n), "format_rate": fmt / max(1, n),
+                     "truncated_rate": cut / max(1, n)}
+            for family, (groups, n, reward, fmt, cut) in sorted(totals.items())}
