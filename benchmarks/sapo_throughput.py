@@ -190,6 +190,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds per engine first")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--update-precision", default="float32", choices=["float32", "bfloat16", "auto"],
+                    help="the node's --grpo.precision (bf16 autocast of the update's passes); TRL keeps --dtype")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="the node's generation engine")
     ap.add_argument("--lr", type=float, default=1e-6)
@@ -255,7 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model={"name": str(model_dir), "device": args.device, "dtype": args.dtype, "warmstart": "never"},
         generation={"group_size": L, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
                     "max_batch": args.max_batch, **({"engine": args.engine} if args.engine != "hf" else {})},
-        grpo={"lr": args.lr, "micro_batch_size": args.micro_batch_size},
+        grpo={"lr": args.lr, "micro_batch_size": args.micro_batch_size, "precision": args.update_precision},
         local=I, external=0, rounds=10 ** 6, eval_every=0, checkpoint_every=10 ** 6, seed=args.seed,
     )
     node = SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), work / "node", str(model_dir), resume=False)

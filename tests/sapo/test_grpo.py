@@ -777,3 +777,41 @@ def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails
     # the own groups keep GRPO's advantages
     expected = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).flatten().tolist()
     assert [s.advantage for s in samples if not s.external] == pytest.approx(expected)
+
+
+def test_bf16_update_keeps_float32_weights_and_nearly_the_float32_step(tmp_path):
+    """--grpo.precision bfloat16: the passes run under bf16 autocast (the linear layers compute in bf16), the
+    weights, gradients and optimizer state stay float32, and one step lands close to float32's (not equal)."""
+    moved = {}
+    for precision in ("float32", "bfloat16"):
+        node = _node(tmp_path, precision, lr=1e-3, precision=precision)
+        assert node.updater.bf16 == (precision == "bfloat16")
+        seen = []
+        handle = node.model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        before = [p.detach().clone() for p in node.model.parameters()]
+        stats = node.update(_update_samples(node.tokenizer.eos_token_id), round=8)
+        handle.remove()
+        assert set(seen) == {torch.bfloat16 if precision == "bfloat16" else torch.float32}
+        assert all(p.dtype == torch.float32 for p in node.model.parameters())
+        assert math.isfinite(stats["loss"])
+        moved[precision] = torch.cat([(p.detach() - b).flatten() for p, b in zip(node.model.parameters(), before)])
+    a, b = moved["float32"], moved["bfloat16"]
+    assert not torch.equal(a, b)
+    assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.9
+
+
+def test_precision_auto_is_bf16_only_where_the_device_computes_it_natively(monkeypatch, caplog):
+    import logging
+
+    import swarmlm.sapo.update as update
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(update, "native_bf16", lambda device: True)
+    assert update.update_in_bf16("auto", cpu) and update.update_in_bf16("bfloat16", cpu)
+    assert not update.update_in_bf16("float32", cpu)
+    monkeypatch.setattr(update, "native_bf16", lambda device: False)
+    monkeypatch.setattr(update, "_FELL_BACK", set())
+    with caplog.at_level(logging.INFO, logger="swarmlm.sapo.update"):
+        assert not update.update_in_bf16("auto", cpu) and not update.update_in_bf16("auto", cpu)
+    assert sum("does not compute in bf16 natively" in r.message for r in caplog.records) == 1  # said once
+    assert update.update_in_bf16("bfloat16", cpu)  # asked for, it is used (emulated where not native)

@@ -29,6 +29,21 @@ def supports_bf16(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX
+    instructions (read from ``/proc/cpuinfo``; False where it cannot be read). Elsewhere bf16 is emulated and
+    slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        flags = next((line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
 def autocast(device: torch.device, enabled: bool):
     """bf16 autocast on devices that support it; a no-op context otherwise."""
     if not enabled or not supports_bf16(device):

@@ -76,6 +76,11 @@ class GRPOSection(StrictModel):
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (memory only)")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the gradient's global norm to this before each "
                                  "optimizer step")
+    precision: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="the update's forward and backward passes: float32, or bf16 autocast (weights, "
+        "gradients and optimizer state stay in model.dtype; log-probs are taken in float32); auto = bfloat16 where the "
+        "device computes in bf16 natively (a CUDA GPU that supports it, a CPU with AVX512-BF16 or AMX), float32 "
+        "elsewhere. Not yet shown to leave learning unchanged, so not the default")
     format_reward: float = Field(0.1, ge=0, description="bonus added to the training reward of completions with an "
                                  "<answer>…</answer> span, never part of reward_own; 0 = off, as in the paper. Without "
                                  "it a group whose replies are all wrong has no advantage, however many lost the format")

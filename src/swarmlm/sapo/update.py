@@ -25,15 +25,19 @@ accumulated over micro-batches of ``micro_batch_size`` sequences.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
 import torch
 from transformers import PreTrainedModel
 
+from swarmlm.runtime.devices import autocast, native_bf16
 from swarmlm.sapo.batching import TrainSample, micro_batch_order, sample_logprobs
 from swarmlm.sapo.config import GRPOSection
 from swarmlm.sapo.grpo import grpo_loss
+
+log = logging.getLogger(__name__)
 
 
 def external_loss_share(samples: list[TrainSample]) -> float | None:
@@ -67,6 +71,23 @@ def truncated_external_weights(samples: list[TrainSample], old: list[torch.Tenso
             s.weight = truncated_weight(lp, reference)
 
 
+def update_in_bf16(precision: str, device: torch.device) -> bool:
+    """Whether the update runs its passes under bf16 autocast (``grpo.precision``); ``auto`` says once in the log
+    when it falls back to float32."""
+    if precision == "bfloat16":
+        return True
+    if precision == "auto":
+        if native_bf16(device):
+            return True
+        if device.type not in _FELL_BACK:
+            _FELL_BACK.add(device.type)
+            log.info("grpo.precision auto: %s does not compute in bf16 natively; the update runs in float32", device)
+    return False
+
+
+_FELL_BACK: set[str] = set()
+
+
 class GRPOUpdate:
     """The update of one node's policy (see the module docstring). ``ref_model`` is needed where ``beta`` > 0."""
 
@@ -77,6 +98,7 @@ class GRPOUpdate:
         self.section = section
         self.pad_id = pad_id
         self.ref_model = ref_model
+        self.bf16 = update_in_bf16(section.precision, next(model.parameters()).device)
 
     @torch.no_grad()
     def logprobs(self, model: PreTrainedModel, samples: list[TrainSample]) -> list[torch.Tensor]:
@@ -86,7 +108,8 @@ class GRPOUpdate:
         order = micro_batch_order(samples, list(range(len(samples))))  # little padding, shared prompts run once
         for start in range(0, len(order), mb):
             idx = order[start:start + mb]
-            logp, mask = sample_logprobs(model, [samples[i] for i in idx], self.pad_id)
+            with autocast(next(model.parameters()).device, self.bf16):
+                logp, mask = sample_logprobs(model, [samples[i] for i in idx], self.pad_id)
             values = logp[mask].float().split(mask.sum(dim=1).tolist())
             for i, v in zip(idx, values):
                 out[i] = v
@@ -169,7 +192,8 @@ class GRPOUpdate:
         mb_loss = 0.0
         for idx in chunks:
             chunk = [samples[i] for i in idx]
-            logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
+            with autocast(next(self.model.parameters()).device, self.bf16):
+                logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
             if weights is not None:
                 weights.observe(chunk, logp, mask)
             loss, loss_stats = grpo_loss(
