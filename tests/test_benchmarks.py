@@ -1,4 +1,4 @@
-"""The two SAPO benchmarks at tiny sizes, and their arithmetic on hand-made inputs.
+"""The SAPO benchmarks at tiny sizes, and their arithmetic on hand-made inputs.
 
 * ``benchmarks/sapo_throughput.py``: one short run against TRL's GRPOTrainer (every reported field present and
   positive, TRL saw the node's prompts), and the decoding bound on a shape whose numbers are worked out by hand;
@@ -270,3 +270,32 @@ def test_warmstart_quality_trains_and_reports(tmp_path):
     listed = sum(g["unformatted"] for g in bad["questions"])
     # every group left out lost at most 1 of its 3 samples
     assert listed <= bad["count"] <= listed + (3 - len(bad["questions"]))
+
+
+def test_answer_likelihood_of_a_finished_run(tmp_path, capsys):
+    """benchmarks/answer_likelihood.py on a real 2-node run (one round, no warm start): every node's answer
+    log-probability by family at the start and the end, the start equal to its initial model's own figure, and
+    the unseen-family summary with the change against 8/0 paired by seed."""
+    from swarmlm.sapo.config import SimulateConfig
+    from swarmlm.sapo.simulate import run_simulation
+
+    likelihood = _load("answer_likelihood")
+    runs = {}
+    for split, (local, external) in {"8-0": (2, 0), "1-1": (1, 1)}.items():
+        out = tmp_path / "study" / "runs" / split / "seed-0"
+        config = SimulateConfig(nodes=2, rounds=1, local=local, external=external, seed=0, out=str(out),
+                                model={"warmstart": "never", "device": "cpu"}, tasks={"eval_size": 6},
+                                node_families=["chain_sum", "products"], generation={"group_size": 2, "max_new_tokens": 4})
+        run_simulation(config, progress=False)
+        runs[split] = out
+    report = tmp_path / "likelihood.json"
+    assert likelihood.main([str(runs["8-0"]), str(runs["1-1"]), "--out", str(report)]) == 0
+    data = json.loads(report.read_text())
+    node = data["runs"][0]["nodes"]["node-0"]
+    assert node["families"] == ["chain_sum"] and set(node["start"]) == set(node["end"]) != set()
+    assert all(v < 0 for v in [*node["start"].values(), *node["end"].values()])
+    # the start is the initial model's: both runs begin from the same preset weights
+    assert data["runs"][0]["nodes"]["node-1"]["start"] == data["runs"][1]["nodes"]["node-1"]["start"]
+    summary = data["summary"][str(tmp_path / "study" / "runs" / "1-1")]
+    assert summary["seeds"] == 1 and summary["unseen_answer_logp_end_vs_8/0"]["n"] == 1
+    assert "unseen families' answer log p" in capsys.readouterr().out

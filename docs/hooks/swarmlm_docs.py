@@ -272,6 +272,40 @@ def sapo_specialists_by_family(name: str = "sapo_specialists") -> str:
     return "\n".join(lines)
 
 
+# The experts study's arms: (results JSON, what differs from the paper's update). Each JSON holds its arm's 8/0
+# (the same runs for every arm of one learning rate: with J = 0 no external setting applies) and its sharing runs.
+EXPERT_ARMS = [
+    ("sapo_experts", "GRPO's group advantages, truncated weights (the defaults)"),
+    ("sapo_experts_own_baseline", "`--grpo.external-advantage own_baseline`"),
+    ("sapo_experts_own_baseline_no_weights", "`own_baseline`, `--grpo.external-weight none`"),
+    ("sapo_experts_lr1e3", "the defaults at `--grpo.lr 1e-3`"),
+    ("sapo_experts_lr1e3_own_baseline_no_weights", "`own_baseline`, `none`, at `--grpo.lr 1e-3`"),
+]
+
+
+def sapo_experts_arms() -> str:
+    """The experts study, one row per arm and sharing configuration: how many seeds, held-out pass@1 on the
+    families outside a node's warm start (unseen) and on all families at the end against the arm's 8/0 (paired by
+    seed), the non-experts' pass@1 on `products` (the family its expert knows perfectly), and what sharing
+    carried."""
+    lines = ["| update | seeds | I / J | unseen, end | vs 8/0 | all families, end vs 8/0 | `products`, non-experts: 8/0 → sharing "
+             "| external groups / round | external weight |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, label in EXPERT_ARMS:
+        spec = _load(name)["specialists"]
+        rows = spec["configurations"]
+        base = rows[spec["baseline"]]
+        for config, row in rows.items():
+            if config == spec["baseline"]:
+                continue
+            lines.append(
+                f"| {label} | {len(row['seeds'])} | {config} | {_ci_cell(row.get('pass1_unseen_end'))} "
+                f"| {_ci_cell(row.get('pass1_unseen_end_vs_baseline'), signed=True)} "
+                f"| {_ci_cell(row.get('pass1_all_end_vs_baseline'), signed=True)} "
+                f"| {_ci_cell(base.get('family:products:others_end'))} → {_ci_cell(row.get('family:products:others_end'))} "
+                f"| {_ci_cell(row.get('external_used_per_round'), 2)} | {_ci_cell(row.get('external_weight_mean'), 2)} |")
+    return "\n".join(lines)
+
+
 NOLOCO_METHODS = [("ddp", "DDP"), ("diloco", "DiLoCo (Nesterov 0.9)"), ("diloco-hb", "DiLoCo (heavy-ball 0.3)"),
                   ("noloco", "NoLoCo")]
 
@@ -331,10 +365,9 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_specialists_by_family": sapo_specialists_by_family,
     "sapo_experts": lambda: sapo_specialists("sapo_experts"),
     "sapo_experts_by_family": lambda: sapo_specialists_by_family("sapo_experts"),
-    "sapo_experts_arch": lambda: sapo_specialists("sapo_experts_arch"),
-    "sapo_experts_arch_by_family": lambda: sapo_specialists_by_family("sapo_experts_arch"),
     "sapo_experts_own_baseline": lambda: sapo_specialists("sapo_experts_own_baseline"),
     "sapo_experts_own_baseline_by_family": lambda: sapo_specialists_by_family("sapo_experts_own_baseline"),
+    "sapo_experts_arms": sapo_experts_arms,
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }
