@@ -49,6 +49,22 @@ def by_family(questions, values: list[float]) -> dict[str, float]:
     return {family: sum(v) / len(v) for family, v in sorted(sums.items())}
 
 
+_MEASURED: dict[tuple[str, str, str], dict[str, float]] = {}
+
+
+def _weights_digest(model_dir: Path) -> str:
+    """SHA-1 of a model directory's weight files (a preset name is its own key)."""
+    import hashlib
+
+    files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
+    if not files:
+        return str(model_dir)
+    digest = hashlib.sha1()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
 def run_likelihoods(run_dir: Path, eval_size: int | None = None) -> dict[str, Any]:
     """Per node of the run: its families (what its warm start learned, or what it draws), and by family the mean
     answer log-probability under its initial model and under its last checkpoint."""
@@ -73,9 +89,12 @@ def run_likelihoods(run_dir: Path, eval_size: int | None = None) -> dict[str, An
         for when, path in (("start", initial), ("end", checkpoint.model_dir if checkpoint else None)):
             if path is None:
                 continue
-            loaded = load_model(str(path), seed=0)
-            loaded.model.eval()
-            figures[when] = by_family(questions, answer_logprobs(loaded.model, loaded.tokenizer, questions, style))
+            key = (_weights_digest(Path(path)), tasks.model_dump_json(), style)
+            if key not in _MEASURED:  # the same weights (a shared warm start, a copied run) are measured once
+                loaded = load_model(str(path), seed=0)
+                loaded.model.eval()
+                _MEASURED[key] = by_family(questions, answer_logprobs(loaded.model, loaded.tokenizer, questions, style))
+            figures[when] = _MEASURED[key]
         nodes[f"node-{k}"] = {"families": list(config.node_specialty(k)), **figures}
     return {"run": str(run_dir), "nodes": nodes}
 
