@@ -299,3 +299,16 @@ def test_answer_likelihood_of_a_finished_run(tmp_path, capsys):
     summary = data["summary"][str(tmp_path / "study" / "runs" / "1-1")]
     assert summary["seeds"] == 1 and summary["unseen_answer_logp_end_vs_8/0"]["n"] == 1
     assert "unseen families' answer log p" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_update_speed_trains_every_sample(tmp_path, precision):
+    """benchmarks/update_speed.py at tiny size: every sample of the fixed batch trains, the peer's half with it,
+    and the precision asked for is the one used."""
+    speed = _load("update_speed")
+    out = tmp_path / "speed.json"
+    assert speed.main(["--local", "2", "--group-size", "2", "--completion-tokens", "4", "--repeats", "1",
+                       "--external", "--precision", precision, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["trained_samples"] == 1.0 and result["samples"] == 4 and result["samples_per_s"] > 0
+    assert result["bf16"] == (precision == "bfloat16") and len(result["update_s_all"]) == 1

@@ -306,6 +306,30 @@ def sapo_experts_arms() -> str:
     return "\n".join(lines)
 
 
+# run directories of the experts study (benchmarks/answer_likelihood.py's groups) -> what their update was
+EXPERT_DIRS = {"experts-50": "group advantages, truncated weights (the defaults)", "experts-ob-50": "`own_baseline`",
+               "experts-obnw-50": "`own_baseline`, weights `none`", "experts-lr-50": "the defaults at lr 1e-3",
+               "experts-lr-obnw-50": "`own_baseline`, `none`, at lr 1e-3"}
+
+
+def sapo_experts_answer_likelihood(name: str = "sapo_experts_answer_likelihood") -> str:
+    """benchmarks/answer_likelihood.py over the experts study: per arm and configuration, the log-probability of
+    the right answers on the families outside each node's warm start, at the start and the end, and the end's
+    change against 8/0 paired by seed."""
+    lines = ["| update | I / J | seeds | unseen families: answer log p at round 0 | at the end | end vs 8/0 |",
+             "|---|---|---|---|---|---|"]
+    for group, row in _load(name)["summary"].items():
+        parts = group.split("/")
+        study, split = parts[-3], parts[-1].replace("-", "/")
+        if study not in EXPERT_DIRS or (split == "8/0" and study not in ("experts-50", "experts-lr-50")):
+            continue  # the other arms' 8/0 runs are copies of those (with J = 0 no external setting applies)
+        start, end = row["unseen_answer_logp_start"], row["unseen_answer_logp_end"]
+        versus = row.get("unseen_answer_logp_end_vs_8/0")
+        lines.append(f"| {EXPERT_DIRS[study]} | {split} | {row['seeds']} | {_ci_cell(start, 2)} | {_ci_cell(end, 2)} "
+                     f"| {_ci_cell(versus, 2, signed=True) if versus else '—'} |")
+    return "\n".join(lines)
+
+
 NOLOCO_METHODS = [("ddp", "DDP"), ("diloco", "DiLoCo (Nesterov 0.9)"), ("diloco-hb", "DiLoCo (heavy-ball 0.3)"),
                   ("noloco", "NoLoCo")]
 
@@ -368,6 +392,8 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_experts_own_baseline": lambda: sapo_specialists("sapo_experts_own_baseline"),
     "sapo_experts_own_baseline_by_family": lambda: sapo_specialists_by_family("sapo_experts_own_baseline"),
     "sapo_experts_arms": sapo_experts_arms,
+    "sapo_experts_answer_likelihood": sapo_experts_answer_likelihood,
+    "sapo_experts_answer_likelihood_lr1e3": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_lr1e3"),
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }
