@@ -43,7 +43,7 @@ from swarmlm.sapo.grpo import (
 from swarmlm.sapo.intake import PeerIntake, question_stream
 from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.rollouts import OwnRollouts
-from swarmlm.sapo.round_metrics import RoundOutcome, round_record
+from swarmlm.sapo.round_metrics import RoundOutcome, mean_reward, round_record
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
@@ -383,8 +383,7 @@ class SAPONode:
         train_stats = self.update(samples, round)
         train_seconds = time.perf_counter() - started
         own_rewards = [self.task_rewards(s) for s in own.scores]
-        reward_own = sum(map(sum, own_rewards)) / max(1, sum(map(len, own_rewards)))
-        self.cumulative_reward_own += reward_own
+        self.cumulative_reward_own += mean_reward(own_rewards)
         self.round = round
         cfg = self.config
         is_last = round == cfg.rounds

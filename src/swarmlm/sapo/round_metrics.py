@@ -50,7 +50,7 @@ def round_record(outcome: RoundOutcome) -> dict[str, Any]:
     return {
         "round": own.round,
         "node": outcome.node_id,
-        "reward_own": sum(map(sum, outcome.own_rewards)) / max(1, sum(map(len, outcome.own_rewards))),
+        "reward_own": mean_reward(outcome.own_rewards),
         "reward_external": mean_task_reward(outcome.chosen, outcome.task_rewards),
         "reward_external_pool": mean_task_reward(outcome.pool, outcome.task_rewards),
         **outcome.evaluation,
@@ -77,6 +77,11 @@ def round_record(outcome: RoundOutcome) -> dict[str, Any]:
         "cumulative_reward_own": outcome.cumulative_reward_own,
         **outcome.transport,
     }
+
+
+def mean_reward(groups_rewards: list[list[float]]) -> float:
+    """The mean reward over every completion of the groups (0 for none): a round's ``reward_own``."""
+    return sum(map(sum, groups_rewards)) / max(1, sum(map(len, groups_rewards)))
 
 
 def mean_task_reward(groups: list[ScoredGroup], task_rewards: Callable[[list[float]], list[float]]) -> float | None:
