@@ -309,7 +309,8 @@ def sapo_experts_arms() -> str:
 # run directories of the experts study (benchmarks/answer_likelihood.py's groups) -> what their update was
 EXPERT_DIRS = {"experts-50": "group advantages, truncated weights (the defaults)", "experts-ob-50": "`own_baseline`",
                "experts-obnw-50": "`own_baseline`, weights `none`", "experts-lr-50": "the defaults at lr 1e-3",
-               "experts-lr-obnw-50": "`own_baseline`, `none`, at lr 1e-3"}
+               "experts-lr-obnw-50": "`own_baseline`, `none`, at lr 1e-3", "experts-ob-100": "`own_baseline`, 100 rounds",
+               "experts-100": "the defaults, 100 rounds"}
 
 
 def sapo_experts_answer_likelihood(name: str = "sapo_experts_answer_likelihood") -> str:
@@ -321,7 +322,7 @@ def sapo_experts_answer_likelihood(name: str = "sapo_experts_answer_likelihood")
     for group, row in _load(name)["summary"].items():
         parts = group.split("/")
         study, split = parts[-3], parts[-1].replace("-", "/")
-        if study not in EXPERT_DIRS or (split == "8/0" and study not in ("experts-50", "experts-lr-50")):
+        if study not in EXPERT_DIRS or (split == "8/0" and study not in ("experts-50", "experts-lr-50", "experts-ob-100")):
             continue  # the other arms' 8/0 runs are copies of those (with J = 0 no external setting applies)
         start, end = row["unseen_answer_logp_start"], row["unseen_answer_logp_end"]
         versus = row.get("unseen_answer_logp_end_vs_8/0")
@@ -392,6 +393,11 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_experts_own_baseline": lambda: sapo_specialists("sapo_experts_own_baseline"),
     "sapo_experts_own_baseline_by_family": lambda: sapo_specialists_by_family("sapo_experts_own_baseline"),
     "sapo_experts_arms": sapo_experts_arms,
+    "sapo_experts_own_baseline_100": lambda: sapo_specialists("sapo_experts_own_baseline_100"),
+    "sapo_experts_own_baseline_100_by_family": lambda: sapo_specialists_by_family("sapo_experts_own_baseline_100"),
+    "sapo_experts_100": lambda: sapo_specialists("sapo_experts_100"),
+    "sapo_experts_100_by_family": lambda: sapo_specialists_by_family("sapo_experts_100"),
+    "sapo_experts_answer_likelihood_100": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_100"),
     "sapo_experts_answer_likelihood": sapo_experts_answer_likelihood,
     "sapo_experts_answer_likelihood_lr1e3": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_lr1e3"),
     "noloco_compare_ppl": noloco_compare_ppl,
