@@ -772,7 +772,7 @@ def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails
     assert advantages(right) == pytest.approx([1.0] * 8) and advantages(wrong) == pytest.approx([-0.25] * 8)
     chosen = select_external([right, wrong], 4, "uniform", random.Random(0), advantages)
     assert {id(g) for g in chosen} == {id(right), id(wrong)}
-    samples = measured._samples(own, own_rewards, [right])
+    samples = measured._samples(own, own_rewards, [right], advantages)
     assert [s.advantage for s in samples if s.external] == pytest.approx([1.0] * 8)
     # the own groups keep GRPO's advantages
     expected = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).flatten().tolist()

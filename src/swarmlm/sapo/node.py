@@ -308,8 +308,10 @@ class SAPONode:
         baselines = family_baselines(own.families, self._own_training_rewards(own, external=True))
         return lambda grp: baseline_advantages(grp.rewards, baselines, grp.record.family)
 
-    def _samples(self, own: OwnRollouts, own_rewards: list[list[float]], external: list[ScoredGroup]) -> list[TrainSample]:
-        """The update's samples: own groups with ``own_rewards`` (:meth:`_own_training_rewards`), then ``external``."""
+    def _samples(self, own: OwnRollouts, own_rewards: list[list[float]], external: list[ScoredGroup],
+                 measured=None) -> list[TrainSample]:
+        """The update's samples: own groups with ``own_rewards`` (:meth:`_own_training_rewards`), then ``external``
+        with GRPO's within-group advantages, or ``measured``'s (:meth:`_external_advantages`) where given."""
         samples = []
         own_adv = group_advantages(torch.tensor(own_rewards, dtype=torch.float64)).tolist() if own_rewards else []
         # grpo.shuffle_advantages (a control): its own stream, so that the run's other draws match an ordinary run's
@@ -321,7 +323,6 @@ class SAPONode:
                 samples.append(TrainSample(gen.prompt_ids, self._trained_ids(ids), a))
         if external:  # the receiver's own question text, and the completions exactly as they were scored
             prompt_ids = self._prompt_ids([grp.prompt for grp in external])
-            measured = self._external_advantages(own)
             for grp, p_ids in zip(external, prompt_ids):
                 advs = (group_advantages(torch.tensor([grp.rewards], dtype=torch.float64))[0].tolist() if measured is None
                         else measured(grp))
@@ -376,9 +377,9 @@ class SAPONode:
             pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
                               "records_received": 0, "accepted_sources": {}, "verify_seconds": 0.0}
         own_training_rewards = self._own_training_rewards(own)
-        chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng,
-                                 self._external_advantages(own))
-        samples = self._samples(own, own_training_rewards, chosen)
+        measured = self._external_advantages(own)
+        chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng, measured)
+        samples = self._samples(own, own_training_rewards, chosen, measured)
         started = time.perf_counter()
         train_stats = self.update(samples, round)
         train_seconds = time.perf_counter() - started

@@ -97,8 +97,9 @@ class GRPOUpdate:
         self.optimizer = optimizer
         self.section = section
         self.pad_id = pad_id
-        self.ref_model = ref_model
-        self.bf16 = update_in_bf16(section.precision, next(model.parameters()).device)
+        self.ref_model = ref_model  # on the policy's device
+        self.device = next(model.parameters()).device
+        self.bf16 = update_in_bf16(section.precision, self.device)
 
     @torch.no_grad()
     def logprobs(self, model: PreTrainedModel, samples: list[TrainSample]) -> list[torch.Tensor]:
@@ -108,10 +109,9 @@ class GRPOUpdate:
         order = micro_batch_order(samples, list(range(len(samples))))  # little padding, shared prompts run once
         for start in range(0, len(order), mb):
             idx = order[start:start + mb]
-            with autocast(next(model.parameters()).device, self.bf16):
+            with autocast(self.device, self.bf16):
                 logp, mask = sample_logprobs(model, [samples[i] for i in idx], self.pad_id)
-            values = logp[mask].float().split(mask.sum(dim=1).tolist())
-            for i, v in zip(idx, values):
+            for i, v in zip(idx, _per_sample(logp, mask)):
                 out[i] = v
         return out
 
@@ -192,7 +192,7 @@ class GRPOUpdate:
         mb_loss = 0.0
         for idx in chunks:
             chunk = [samples[i] for i in idx]
-            with autocast(next(self.model.parameters()).device, self.bf16):
+            with autocast(self.device, self.bf16):
                 logp, mask = sample_logprobs(self.model, chunk, self.pad_id)
             if weights is not None:
                 weights.observe(chunk, logp, mask)
