@@ -162,3 +162,19 @@ def test_every_name_imported_from_swarmlm_exists():
                         except ImportError:
                             missing.append(f"{module}: from {node.module} import {alias.name}")
     assert missing == []
+
+
+def test_the_noloco_loop_holds_no_measurement():
+    """NoLoCo's replica loop does the method only: no timer, progress bar or metrics writer (those are its
+    observer's, swarmlm.noloco.observer), no fault injection (swarmlm.noloco.faults); and its communicator offers
+    only algorithmic calls, with time (swarmlm.noloco.comm.clock) and the spread measurement beside it."""
+    from swarmlm.noloco.comm.base import Communicator
+
+    graph = import_graph()
+    replica = ast.parse(_modules()["swarmlm.noloco.replica"].read_text())
+    stdlib = {alias.name for node in ast.walk(replica) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {"time", "os"} & stdlib
+    assert not {"swarmlm.runtime.metrics"} & graph["swarmlm.noloco.replica"]
+    assert "tqdm" not in _modules()["swarmlm.noloco.replica"].read_text()
+    members = {name for name in vars(Communicator) if not name.startswith("_")}
+    assert members == {"exchange", "all_reduce_mean_", "gather_objects", "agree_stop", "heartbeat", "finish"}

@@ -17,7 +17,8 @@ import pytest
 from swarmlm.config import dump_config
 from swarmlm.noloco.config import TrainConfig
 from swarmlm.noloco.groups import make_groups
-from swarmlm.noloco.replica import EXIT_CODE_INJECTED, rank_dir
+from swarmlm.noloco.faults import EXIT_CODE_INJECTED
+from swarmlm.noloco.replica import rank_dir
 from swarmlm.runtime.distributed import free_port
 from swarmlm.runtime.metrics import read_jsonl
 

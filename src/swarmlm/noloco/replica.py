@@ -24,19 +24,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from swarmlm.noloco.comm import make_communicator
-from swarmlm.noloco.comm.base import OUTER_STEP_NAMES, Communicator
+from swarmlm.noloco.comm.base import Communicator
 from swarmlm.noloco.config import InnerSection, TrainConfig
 from swarmlm.noloco.data import replica_data, validation_batches
 from swarmlm.noloco.groups import group_of, make_groups
+from swarmlm.noloco.comm.clock import clock_of
+from swarmlm.noloco.faults import FaultInjector
+from swarmlm.noloco.hooks import ClockHook, OuterStepDone, ReplicaHook, StepDone
+from swarmlm.noloco.observer import ReplicaObserver
 from swarmlm.noloco.inner_step import DataParallelStep, InnerStep
 from swarmlm.noloco.outer import DiLoCoOuter, group_means, noloco_step, noloco_step_fast
 from swarmlm.runtime.checkpoints import (
@@ -49,11 +51,8 @@ from swarmlm.runtime.checkpoints import (
 )
 from swarmlm.runtime.devices import resolve_device
 from swarmlm.runtime.interrupts import StopFlag, graceful_interrupt
-from swarmlm.runtime.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
-
-EXIT_CODE_INJECTED = 17
 
 
 def rank_dir(out: str | Path, rank: int) -> Path:
@@ -82,13 +81,22 @@ def inner_optimizer(params: list[torch.nn.Parameter], inner: InnerSection) -> to
     return torch.optim.Adam(params, lr=inner.lr, betas=(inner.beta1, inner.beta2), eps=inner.eps)
 
 
+def standard_hooks(replica: "Replica", metrics_dir: str | Path) -> list[ReplicaHook]:
+    """The hooks of every run (:mod:`swarmlm.noloco.hooks`): the clock outermost (a simulated clock charges all the
+    rest of the step), then the observer writing ``metrics_dir``, then fault injection."""
+    clock = clock_of(replica.comm)
+    return [ClockHook(clock), ReplicaObserver(replica, clock, metrics_dir), FaultInjector(replica, clock)]
+
+
 class Replica:
     """The state and loop of one rank. ``inner_step`` is how this rank computes gradients (default: the whole
     model, :class:`~swarmlm.noloco.inner_step.DataParallelStep`); ``comm`` how it talks to the others (default:
-    torch.distributed, :func:`~swarmlm.noloco.comm.make_communicator`)."""
+    torch.distributed, :func:`~swarmlm.noloco.comm.make_communicator`); ``hooks`` what runs around its loop
+    (default: :func:`~swarmlm.noloco.hooks.standard_hooks`, the clock, the metrics and fault injection)."""
 
     def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0,
-                 inner_step: InnerStep | None = None, comm: Communicator | None = None):
+                 inner_step: InnerStep | None = None, comm: Communicator | None = None,
+                 hooks: Sequence[ReplicaHook] | None = None):
         from swarmlm.models import load_model
 
         self.config = config
@@ -131,9 +139,10 @@ class Replica:
         self.step = 0
         self._stop_at: int | None = None
         self.saved_step: int | None = None
-        self.compute_s = 0.0
         self.tokens = 0
         self.last_val: dict[str, float] = {}
+        self.show_progress = True  # run(progress=False) turns the hooks' progress bar off
+        self.hooks = list(hooks) if hooks is not None else standard_hooks(self, rank_dir(config.out, rank))
 
     # ----- set-up helpers
     def _device(self, local_rank: int) -> torch.device:
@@ -190,12 +199,10 @@ class Replica:
             self.diloco.load_momentum_buffer(self.delta)
         self.scheduler.load_state_dict(state["scheduler"])
         self.data.sampler.load_state_dict(state["sampler"])
-        self.comm.traffic.load_named(state, OUTER_STEP_NAMES)
-        self.compute_s = state["compute_s"]
         self.tokens = state["tokens"]
-        if "sim_s" in state:  # the in-process backend's simulated clock
-            self.comm.resume_clock(state["sim_s"])
         self.inner_step.load_state_dict(state)
+        for hook in self.hooks:
+            hook.load_state_dict(state)
         load_rng_state(checkpoint)
         self.step = self.saved_step = target
         log.info("rank %d resumed from step %d", self.rank, target)
@@ -208,9 +215,9 @@ class Replica:
                 buffer = self.diloco.momentum_buffer()
                 delta = buffer if buffer is not None else torch.zeros_like(self.phi)
             state = {"method": self.method, "scheduler": self.scheduler.state_dict(), "sampler": self.data.sampler.state_dict(),
-                     **self.comm.traffic.named(OUTER_STEP_NAMES), "compute_s": self.compute_s, "tokens": self.tokens,
-                     **self.inner_step.state_dict(),
-                     **({"sim_s": self.comm.sim_clock_s} if self.comm.sim_clock_s is not None else {})}
+                     "tokens": self.tokens, **self.inner_step.state_dict()}
+            for hook in self.hooks:
+                state.update(hook.state_dict())
             self.saved_step = self.step
             save_checkpoint(checkpoint_dir(self.config.out, self.rank), self.step, model=self.model,
                             optimizer=self.optimizer, state=state, tensors={"phi": self.phi.cpu(), "delta": delta.cpu()},
@@ -243,38 +250,24 @@ class Replica:
         return bool(flat[-1] > 0)
 
     # ----- the outer steps
-    def _inject_faults(self, outer_step: int) -> None:
-        faults = self.config.faults
-        if faults.exit_rank == self.rank and faults.exit_outer_step == outer_step:
-            log.error("rank %d: injected exit at outer step %d", self.rank, outer_step)
-            logging.shutdown()
-            os._exit(EXIT_CODE_INJECTED)
-        if faults.stall_rank == self.rank and outer_step in faults.stall_outer_steps and faults.stall_s > 0:
-            log.warning("rank %d: injected stall of %.1fs at outer step %d", self.rank, faults.stall_s, outer_step)
-            self.comm.stall(faults.stall_s)
-
-    def outer_step(self, outer_step: int) -> dict[str, Any]:
+    def outer_step(self, outer_step: int) -> OuterStepDone:
         with self.inner_step.waiting():
-            record: dict[str, Any] = {"outer_step": outer_step}
             theta = self.theta()
-            if self.config.log.model_std:
-                record["model_std_fast"] = self.outer_comm.replica_std(theta)
-            with self.inner_step.stalled():
-                self._inject_faults(outer_step)
-            comm_before = self.comm.traffic.seconds
+            for hook in self.hooks:
+                hook.before_outer(outer_step, theta)
+            done = OuterStepDone(outer_step)
             if self.method == "noloco":
-                record.update(self._noloco(outer_step, theta))
+                done = self._noloco(outer_step, theta)
             elif self.method == "diloco":
                 pseudo = self.phi - theta
                 self.outer_comm.all_reduce_mean_(pseudo)
                 self.diloco.step(pseudo)
             self.set_theta(self.phi)
-            record["outer_comm_s"] = self.comm.traffic.seconds - comm_before
-            if self.config.log.model_std:
-                record["model_std"] = self.outer_comm.replica_std(self.theta())
-            return record
+            for hook in self.hooks:
+                hook.after_outer(done)
+            return done
 
-    def _noloco(self, outer_step: int, theta: torch.Tensor) -> dict[str, Any]:
+    def _noloco(self, outer_step: int, theta: torch.Tensor) -> OuterStepDone:
         c = self.config.noloco
         groups = make_groups(self.replicas, c.group_size, self.config.seed, outer_step, c.leftover)
         group = group_of(self.replica, groups)  # replica indices; the same-stage processes of those replicas average
@@ -289,8 +282,8 @@ class Replica:
             mean_pseudo, mean_phi = group_means(theta, self.phi, received, fast=False)
             noloco_step(self.phi, self.delta, mean_pseudo_grad=mean_pseudo, mean_phi=mean_phi, alpha=c.alpha, beta=c.beta,
                         gamma=c.gamma, momentum=c.momentum)
-        return {"group": group, "partners_ok": sorted(r // self.stages for r in result.received),
-                "skipped_partners": len(result.skipped), "skipped_ranks": sorted(r // self.stages for r in result.skipped)}
+        return OuterStepDone(outer_step, group=group, partners_ok=sorted(r // self.stages for r in result.received),
+                             skipped_ranks=sorted(r // self.stages for r in result.skipped))
 
     def agreed_stop(self, requested: bool) -> bool:
         """Whether every rank stops after this step. DDP carries the request in its gradient all-reduce;
@@ -324,74 +317,57 @@ class Replica:
         with the caller (the in-process backend's replicas share the main thread's); by default this rank's own
         Ctrl+C handler."""
         config = self.config
+        self.show_progress = progress
         started_from = self.resume()
-        end = config.stop_after or config.steps
-        writer = MetricsWriter(rank_dir(config.out, self.rank), resume_from=started_from, tensorboard=config.log.tensorboard,
-                               fsync=config.log.fsync)
-        H = config.outer.every
-        bar = tqdm(total=config.steps, initial=self.step, desc=f"{self.method} M={self.replicas}" + (f" S={self.stages}" if self.stages > 1 else ""), unit="step",
-                   disable=not (progress and config.progress and self.rank == 0))
-        wall_start = time.perf_counter()
         stopped_early = False
         try:
-            if self.step == 0:
-                record = {"step": 0, **self.evaluate()}
-                writer.log(record)
+            initial = self.evaluate() if self.step == 0 else None
+            for hook in self.hooks:
+                hook.started(self, started_from, initial)
             with contextlib.nullcontext(interrupt) if interrupt is not None else graceful_interrupt() as interrupt:
-                while self.step < end:
-                    self.step += 1
-                    with self.comm.on_clock():  # a simulated clock charges this step's compute (in-process backend)
-                        started = time.perf_counter()
-                        comm_before = self.comm.blocked_s
-                        loss, lr, stop = self.train_step(interrupt.requested)
-                        if self.inner_step.stop_in_store:
-                            stop = self.agreed_stop(interrupt.requested)
-                        if self.method == "noloco":
-                            self.comm.heartbeat()
-                        step_time = time.perf_counter() - started
-                        # in one process, a wait is the other replicas' turns, not this replica's step
-                        turns = self.comm.blocked_s - comm_before if self.comm.sim_clock_s is not None else 0.0
-                        record: dict[str, Any] = {"step": self.step, "loss": loss, "lr": lr, "tokens_per_s":
-                                                  config.grad_accum * config.batch_size * config.seq_len / max(step_time - turns, 1e-9)}
-                        outer_due = self.method != "ddp" and (self.step % H == 0 or self.step == config.steps)
-                        if self.method == "ddp" and self.step % H == 0 and config.log.model_std:
-                            record["model_std"] = self.outer_comm.replica_std(self.theta())
-                        if outer_due:
-                            outer_started = time.perf_counter()
-                            record.update(self.outer_step((self.step + H - 1) // H))
-                            step_time += time.perf_counter() - outer_started
-                        comm = self.comm.blocked_s - comm_before
-                        self.compute_s += max(0.0, step_time - comm)
-                    if (config.eval_every and self.step % config.eval_every == 0) or self.step == config.steps:
-                        record.update(self.evaluate())
-                    if config.stop_after is not None and self.step >= config.stop_after:
-                        stop = True
-                    if stop and self.step < config.steps and "val_loss" not in record:
-                        record.update(self.evaluate())
-                    record.update(self.comm.traffic.named(OUTER_STEP_NAMES))
-                    record.update(self.inner_step.record())
-                    record.update({"compute_s": self.compute_s, "tokens": self.tokens,
-                                   "elapsed_s": time.perf_counter() - wall_start})
-                    if self.comm.sim_clock_s is not None:
-                        record["sim_s"] = self.comm.sim_clock_s
-                    if self.step % config.log.every == 0 or outer_due or "val_loss" in record or stop:
-                        writer.log(record)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.3f}", **({"val_ppl": f"{self.last_val['val_ppl']:.1f}"} if self.last_val else {}))
+                while self.step < (config.stop_after or config.steps):
+                    done = self._step(interrupt)
                     if config.checkpoint_every and self.step % config.checkpoint_every == 0:
                         self.save()
-                    if stop:
+                    if done.stop:
                         stopped_early = self.step < config.steps
                         break
             if self.saved_step != self.step:
                 self.save()
             self.comm.finish(grace_s=2 * config.exchange.timeout_s)
         finally:
-            bar.close()
-            writer.close()
-        return {"rank": self.rank, "step": self.step, "completed": self.step >= config.steps and not stopped_early,
-                "val_loss": self.last_val.get("val_loss"), "val_ppl": self.last_val.get("val_ppl"),
-                "skipped_total": self.comm.traffic.skipped, "bytes_sent": self.comm.traffic.bytes_sent,
-                "bytes_recv": self.comm.traffic.bytes_recv, "comm_s": self.comm.traffic.seconds,
-                "compute_s": self.compute_s, "tokens": self.tokens,
-                **({"sim_s": self.comm.sim_clock_s} if self.comm.sim_clock_s is not None else {})}
+            for hook in self.hooks:
+                hook.close()
+        result = {"rank": self.rank, "step": self.step, "completed": self.step >= config.steps and not stopped_early,
+                  "val_loss": self.last_val.get("val_loss"), "val_ppl": self.last_val.get("val_ppl"),
+                  "tokens": self.tokens}
+        for hook in self.hooks:
+            result.update(hook.summary())
+        return result
+
+    def _step(self, interrupt: StopFlag) -> StepDone:
+        """One inner step, the outer step after it when due, and the evaluation when due."""
+        config, H = self.config, self.config.outer.every
+        self.step += 1
+        with contextlib.ExitStack() as around:
+            for hook in self.hooks:
+                around.enter_context(hook.around_step(self.step))
+            loss, lr, stop = self.train_step(interrupt.requested)
+            if self.inner_step.stop_in_store:
+                stop = self.agreed_stop(interrupt.requested)
+            if self.method == "noloco":
+                self.comm.heartbeat()
+            for hook in self.hooks:
+                hook.trained(self.step)
+            outer = None
+            if self.method != "ddp" and (self.step % H == 0 or self.step == config.steps):
+                outer = self.outer_step((self.step + H - 1) // H)
+        if config.stop_after is not None and self.step >= config.stop_after:
+            stop = True
+        val = None
+        if (config.eval_every and self.step % config.eval_every == 0) or self.step == config.steps or stop:
+            val = self.evaluate()
+        done = StepDone(self.step, loss, lr, outer=outer, val=val, stop=stop)
+        for hook in self.hooks:
+            hook.step_done(done)
+        return done

@@ -137,7 +137,7 @@ def test_clock_equals_the_offline_simulated_clock(method, m):
     def body(rank, comm):
         clocks = []
         for s in range(1, steps + 1):
-            comm.stall(compute[rank, s - 1])
+            comm.sim_clock.stall(compute[rank, s - 1])
             payload = torch.zeros(nbytes // 4)
             if method == "ddp":
                 comm.all_reduce_mean_(payload)
@@ -147,7 +147,7 @@ def test_clock_equals_the_offline_simulated_clock(method, m):
                     comm.all_reduce_mean_(payload)
                 else:
                     comm.exchange(k, next(g for g in groups(k) if rank in g), payload)
-            clocks.append(comm.sim_clock_s)
+            clocks.append(comm.sim_clock.sim_s)
         return clocks
 
     _, out = _run(m, body, link=link)
@@ -161,9 +161,9 @@ def test_a_late_partner_is_skipped_on_the_simulated_clock():
     link = LinkModel(0.1, math.inf)
 
     def body(rank, comm):
-        comm.stall({0: 0.0, 1: 5.0, 2: 1.0, 3: 2.5}[rank])
+        comm.sim_clock.stall({0: 0.0, 1: 5.0, 2: 1.0, 3: 2.5}[rank])
         result = comm.exchange(1, [0, 1] if rank < 2 else [2, 3], torch.ones(4) * rank)
-        return comm.sim_clock_s, result
+        return comm.sim_clock.sim_s, result
 
     _, out = _run(4, body, link=link, timeout_s=2.0)
     assert out[0][0] == pytest.approx(2.0) and out[1][0] == pytest.approx(5.0)  # 5 s apart > 2 s: skipped
@@ -175,13 +175,13 @@ def test_a_late_partner_is_skipped_on_the_simulated_clock():
 
 def test_compute_goes_on_the_clock_only_inside_on_clock():
     def body(rank, comm):
-        with comm.on_clock():
+        with comm.sim_clock.on_clock():
             t = torch.randn(200, 200)
             for _ in range(20):
                 t = t @ t.T / 200
-        busy = comm.sim_clock_s
+        busy = comm.sim_clock.sim_s
         sum(range(200_000))  # outside: not charged
-        return busy, comm.sim_clock_s
+        return busy, comm.sim_clock.sim_s
 
     _, out = _run(2, body)
     for busy, after in out.values():

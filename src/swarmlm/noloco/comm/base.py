@@ -1,9 +1,9 @@
 """What the replicas of a run need from each other, as one small interface: :class:`Communicator`.
 
-The outer step of every method goes through it: NoLoCo's exchange within a group (:meth:`~Communicator.exchange`),
-DiLoCo's and DDP's average over all replicas (:meth:`~Communicator.all_reduce_mean_`), and the model-std
-measurement (:meth:`~Communicator.replica_std`); every byte and second it spends is counted in its
-:class:`Traffic`. A few more calls let a run start, stop and end together. Implementations:
+The outer step of every method goes through it: NoLoCo's exchange within a group (:meth:`~Communicator.exchange`)
+and DiLoCo's and DDP's average over all replicas (:meth:`~Communicator.all_reduce_mean_`); every byte and second
+it spends is counted in its :class:`Traffic`. A few more calls let a run start, stop and end together.
+Implementations:
 
 * :class:`~swarmlm.noloco.comm.exchange.DistributedCommunicator`: one process per replica, torch.distributed
   (gloo or NCCL) with a deadline on every pair exchange;
@@ -13,9 +13,8 @@ measurement (:meth:`~Communicator.replica_std`); every byte and second it spends
   exchanging through memory, with a simulated clock instead of real waiting.
 
 :func:`swarmlm.noloco.comm.make_communicator` picks the implementation; the replica's outer step is the same code
-whatever the backend. Time: a real backend spends real seconds and :attr:`Communicator.traffic` counts them; a
-simulated one (:attr:`Communicator.sim_clock_s` is not None) keeps a clock per replica, charged with the real
-compute time inside :meth:`Communicator.on_clock` and with the link model's cost of every message.
+whatever the backend. Time (real or simulated) and the measurement of the replicas' spread are not part of this
+interface: they sit beside it, in :mod:`swarmlm.noloco.comm.clock`.
 """
 
 from __future__ import annotations
@@ -24,10 +23,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
-
-import contextlib
-import time
-from typing import ContextManager
 
 import torch
 
@@ -96,10 +91,6 @@ class Communicator(ABC):
     def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average ``tensor`` over all ranks, in place."""
 
-    @abstractmethod
-    def replica_std(self, tensor: torch.Tensor) -> float:
-        """RMS deviation of the ranks' ``tensor`` from its mean over ranks (a measurement: not counted as traffic)."""
-
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order (to agree on a checkpoint to resume from)."""
         return [obj]
@@ -115,27 +106,3 @@ class Communicator(ABC):
     def finish(self, grace_s: float) -> None:
         """Announce that this rank is done (a rank that others depend on waits for them, at most ``grace_s`` past
         their last sign of life)."""
-
-    # ----- time
-    @property
-    def blocked_s(self) -> float:
-        """Real seconds this rank has spent inside communication calls so far, waiting included (the replica counts
-        the rest of a step as compute)."""
-        return self.traffic.seconds
-
-    @property
-    def sim_clock_s(self) -> float | None:
-        """This rank's simulated wall-clock (compute plus modelled communication), or None for a real backend."""
-        return None
-
-    def on_clock(self) -> ContextManager:
-        """Around one inner step's work, its outer step included: a backend with a simulated clock charges the real
-        time spent inside, outside its own calls, as this rank's compute. Evaluation and checkpoints stay outside."""
-        return contextlib.nullcontext()
-
-    def resume_clock(self, seconds: float) -> None:
-        """Set the simulated clock to a checkpoint's (a backend with one); a real backend has nothing to set."""
-
-    def stall(self, seconds: float) -> None:
-        """An injected stall of this rank (fault injection): real backends sleep; a simulated clock just advances."""
-        time.sleep(seconds)

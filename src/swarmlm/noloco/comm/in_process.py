@@ -12,8 +12,8 @@ maths are the same code; what the transport does is done here, through memory:
 * **Messages.** An exchange posts a copy of the payload under its link (outer step, low rank, high rank) and reads
   the partner's; an all-reduce sums the replicas' tensors in rank order and divides by M, the formula of the
   torch.distributed backend (whose summation order may differ in the last bits).
-* **Time.** Nothing sleeps. Each replica has a simulated clock (:attr:`InProcessCommunicator.sim_clock_s`): the real
-  time it computes inside :meth:`~InProcessCommunicator.on_clock` (one replica at a time, so nothing else runs
+* **Time.** Nothing sleeps. Each replica has a simulated clock (:class:`SimulatedClock`): the real
+  time it computes inside :meth:`SimulatedClock.on_clock` (one replica at a time, so nothing else runs
   meanwhile; on a GPU each charge first synchronises the device), plus the link model's cost of every message
   (:class:`~swarmlm.noloco.comm.link_model.LinkModel`: ``--network.latency-ms``, ``--network.bandwidth-gbit``,
   ``--network.allreduce``). At a synchronisation a replica first waits, on the simulated clock, for those it
@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from swarmlm.noloco.comm.base import Communicator, ExchangeResult, Traffic
+from swarmlm.noloco.comm.clock import RunClock
 from swarmlm.noloco.comm.link_model import LinkModel
 
 log = logging.getLogger(__name__)
@@ -220,27 +221,26 @@ class InProcessHub:
         return results
 
 
-class InProcessCommunicator(Communicator):
-    """One replica's view of the :class:`InProcessHub` (see the module docstring)."""
+class SimulatedClock(RunClock):
+    """One replica's simulated wall-clock (see the module docstring): :attr:`now` advances by the real compute
+    inside :meth:`on_clock` (one replica at a time, so nothing else runs meanwhile) and by what the communicator
+    charges for its messages; the real seconds spent inside the communicator's calls (the others' turns) are not
+    compute."""
 
-    def __init__(self, hub: InProcessHub, rank: int):
-        self.hub = hub
-        self.rank = rank
-        self.world_size = hub.m
-        self.traffic = Traffic()
-        self.clock = 0.0  # simulated seconds
-        self._blocked = 0.0  # real seconds inside this communicator's calls
+    def __init__(self, comm: "InProcessCommunicator"):
+        super().__init__(comm)
+        self.hub = comm.hub
+        self.now = 0.0  # simulated seconds
+        self._blocked = 0.0  # real seconds inside the communicator's calls
         self._busy_since: float | None = None
-        self._sequence = 0  # collectives called so far (every replica calls them in the same order)
 
-    # ----- time
     @property
     def blocked_s(self) -> float:
         return self._blocked
 
     @property
-    def sim_clock_s(self) -> float:
-        return self.clock
+    def sim_s(self) -> float:
+        return self.now
 
     @contextlib.contextmanager
     def on_clock(self) -> Iterator[None]:
@@ -249,21 +249,21 @@ class InProcessCommunicator(Communicator):
         try:
             yield
         finally:
-            self._charge()
+            self.charge()
             self._busy_since = None
 
-    def _charge(self) -> None:
-        """Add the compute since the last charge to the simulated clock (inside on_clock only)."""
+    def charge(self) -> None:
+        """Add the compute since the last charge to the clock (inside on_clock only)."""
         if self._busy_since is not None:
             self.hub.sync()
             now = time.perf_counter()
-            self.clock += now - self._busy_since
+            self.now += now - self._busy_since
             self._busy_since = now
 
     @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """Around every call: compute so far is charged; the real time inside (others' turns) is not compute."""
-        self._charge()
+    def call(self) -> Iterator[None]:
+        """Around every communicator call: compute so far is charged; the real time inside is not compute."""
+        self.charge()
         started = time.perf_counter()
         try:
             yield
@@ -273,12 +273,25 @@ class InProcessCommunicator(Communicator):
             if self._busy_since is not None:
                 self._busy_since = now
 
-    def resume_clock(self, seconds: float) -> None:
-        self.clock = float(seconds)
+    def resume(self, seconds: float) -> None:
+        self.now = float(seconds)
 
     def stall(self, seconds: float) -> None:
-        self._charge()
-        self.clock += seconds
+        self.charge()
+        self.now += seconds
+
+
+class InProcessCommunicator(Communicator):
+    """One replica's view of the :class:`InProcessHub` (see the module docstring); its time is
+    :attr:`sim_clock`."""
+
+    def __init__(self, hub: InProcessHub, rank: int):
+        self.hub = hub
+        self.rank = rank
+        self.world_size = hub.m
+        self.traffic = Traffic()
+        self.sim_clock = SimulatedClock(self)
+        self._sequence = 0  # collectives called so far (every replica calls them in the same order)
 
     def _wait(self, ready: Callable[[], bool] | None) -> None:
         self.hub.turns.wait_until(self.rank, ready)
@@ -292,7 +305,7 @@ class InProcessCommunicator(Communicator):
             raise RuntimeError(f"in-process backend: replica {self.rank} called {kind} where another replica called "
                                f"{slot.kind} (collective {seq})")
         slot.contributions[self.rank] = contribution
-        slot.arrivals[self.rank] = self.clock
+        slot.arrivals[self.rank] = self.sim_clock.now
         self._wait(lambda: len(slot.arrivals) == self.world_size)
         if not slot.reduced:
             slot.result = reduce([slot.contributions[r] for r in range(self.world_size)])
@@ -306,7 +319,7 @@ class InProcessCommunicator(Communicator):
     def gather_objects(self, obj: Any) -> list[Any]:
         if self.world_size == 1:
             return [obj]
-        with self._call():
+        with self.sim_clock.call():
             return list(self._collective("gather_objects", obj, list).result)
 
     def all_reduce_mean_(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -314,7 +327,7 @@ class InProcessCommunicator(Communicator):
         the last replica, then pays the link model's all-reduce."""
         if self.world_size == 1:
             return tensor
-        with self._call():
+        with self.sim_clock.call():
             def mean(tensors: list[torch.Tensor]) -> torch.Tensor:
                 total = tensors[0].detach().clone()
                 for t in tensors[1:]:
@@ -325,8 +338,8 @@ class InProcessCommunicator(Communicator):
             tensor.copy_(slot.result)
             end = self.hub.link.allreduce_end_s([slot.arrivals[r] for r in range(self.world_size)],
                                                 tensor.numel() * tensor.element_size())
-            self.traffic.seconds += end - self.clock
-            self.clock = end
+            self.traffic.seconds += end - self.sim_clock.now
+            self.sim_clock.now = end
             self.traffic.count_allreduce(tensor, self.world_size)
         return tensor
 
@@ -334,7 +347,7 @@ class InProcessCommunicator(Communicator):
         """A measurement, as in the torch.distributed backend: not on the clock, not counted as traffic."""
         if self.world_size == 1:
             return 0.0
-        with self._call():
+        with self.sim_clock.call():
             def std(tensors: list[torch.Tensor]) -> float:
                 mean = tensors[0].clone()
                 for t in tensors[1:]:
@@ -348,8 +361,8 @@ class InProcessCommunicator(Communicator):
     # ----- NoLoCo: pair links within a group
     def exchange(self, outer_step: int, group: list[int], payload: torch.Tensor) -> ExchangeResult:
         result = ExchangeResult()
-        with self._call():
-            started = self.clock
+        with self.sim_clock.call():
+            started = self.sim_clock.now
             sent = payload.detach().clone()  # what travels: the partner reads this copy
             nbytes = sent.numel() * sent.element_size()
             partners = [p for p in group if p != self.rank]
@@ -358,14 +371,14 @@ class InProcessCommunicator(Communicator):
                 peer = high if low == self.rank else low
                 key = (outer_step, low, high)
                 link = self.hub.links.setdefault(key, _Link())
-                link.posted[self.rank] = (self.clock, sent)
+                link.posted[self.rank] = (self.sim_clock.now, sent)
                 # a partner whose thread has ended never comes: the real rendezvous would time out
                 self._wait(lambda: peer in link.posted or peer in self.hub.turns.done)
                 if peer in link.posted:
                     arrival, theirs = link.posted[peer]
                 else:
                     arrival, theirs = math.inf, None
-                mine, _, ok = self.hub.link.pair_end_s(self.clock, arrival, nbytes, self.hub.timeout_s)
+                mine, _, ok = self.hub.link.pair_end_s(self.sim_clock.now, arrival, nbytes, self.hub.timeout_s)
                 if ok:
                     if theirs.shape != sent.shape:
                         raise RuntimeError(f"in-process backend: replica {peer} sent {tuple(theirs.shape)} to replica "
@@ -374,16 +387,16 @@ class InProcessCommunicator(Communicator):
                     result.traffic.bytes_sent += nbytes
                     result.traffic.bytes_recv += theirs.numel() * theirs.element_size()
                 else:
-                    late = "never came" if math.isinf(arrival) else f"came {abs(arrival - self.clock):.1f} s apart"
+                    late = "never came" if math.isinf(arrival) else f"came {abs(arrival - self.sim_clock.now):.1f} s apart"
                     result.skipped[peer] = (f"partner did not arrive within the timeout ({late} on the simulated "
                                             "clock)")
                     log.warning("outer step %d: replica %d skips partner %d: %s", outer_step, self.rank, peer,
                                 result.skipped[peer])
-                self.clock = mine
+                self.sim_clock.now = mine
                 link.reads += 1
                 if link.reads == 2 or peer not in link.posted:
                     self.hub.links.pop(key, None)
-            result.traffic.seconds = self.clock - started
+            result.traffic.seconds = self.sim_clock.now - started
             result.traffic.skipped = len(result.skipped)
             self.traffic.add(result.traffic)
         return result
@@ -391,7 +404,7 @@ class InProcessCommunicator(Communicator):
     # ----- stopping together: a stop proposed by any replica is the stop of all
     def agree_stop(self, propose: int | None) -> int | None:
         """Also the per-step turn: the replica lets the others take their step before it goes on."""
-        with self._call():
+        with self.sim_clock.call():
             if propose is not None and self.hub.stop_at is None:
                 self.hub.stop_at = propose
             self._wait(None)
