@@ -44,6 +44,12 @@ def test_runs_share_everything_but_the_outer_step(tmp_path):
     assert {k for k in alpha if alpha[k] != runs["noloco"][k]} == {"out", "noloco"}
     assert alpha["noloco"] == {**runs["noloco"]["noloco"], "alpha": 0.3}
     assert "/H20/M4/seed-0/noloco" in runs["noloco"]["out"] and runs["ddp"]["out"].endswith("/runs/M4/seed-0/ddp")
+    # the compressed exchange: its own variants, or --exchange.compress for every NoLoCo variant; never an all-reduce
+    int4 = train_config(config, 4, 0, "noloco-int4", 20).model_dump()
+    assert {k for k in int4 if int4[k] != runs["noloco"][k]} == {"out", "exchange"} and int4["exchange"]["compress"] == "int4"
+    squeezed = CompareConfig(out=str(tmp_path), exchange={"compress": "int8"})
+    assert train_config(squeezed, 4, 0, "noloco", 20).exchange.compress == "int8"
+    assert train_config(squeezed, 4, 0, "diloco-hb", 20).exchange.compress == "none"
     # in one process, the backend's clock charges the comparison's link; with processes it is only modelled
     assert runs["noloco"]["network"]["latency_ms"] == 100 and runs["noloco"]["network"]["inject"] is False
     processes = CompareConfig(out=str(tmp_path), backend="auto")

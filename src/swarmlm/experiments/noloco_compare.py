@@ -20,6 +20,10 @@ the study's comparisons (the report's "comparisons" table):
   lr / (1 − momentum): 1.4 at 0.5, 1.0 at 0.3);
 - ``noloco-alpha0.3``: the other control at equal effective step, NoLoCo at α = 0.3 against ``diloco-hb``.
 
+``noloco-int8`` and ``noloco-int4`` (opt-in) are NoLoCo with its pair exchange compressed to 8 or 4 bits
+(:mod:`swarmlm.noloco.compress`); ``--exchange.compress`` compresses every NoLoCo variant of a study instead. The
+DiLoCo and DDP runs always all-reduce in fp32.
+
 Each (H, M, seed, method) is one ``noloco train`` run under ``DIR/runs/H<H>/M<M>/seed-<s>/<method>/`` (DDP,
 which has no outer step, once per (M, seed) under ``DIR/runs/M<M>/seed-<s>/ddp/``, shown with every H). By default
 (``--backend in_process``) the M replicas of a run train in this process, stepped in turn
@@ -80,7 +84,8 @@ from swarmlm.noloco.config import (
 
 log = logging.getLogger(__name__)
 
-Variant = Literal["ddp", "diloco", "diloco-hb", "diloco-hb-2h", "noloco", "noloco-alpha0.3", "noloco-pp2", "diloco-matched"]
+Variant = Literal["ddp", "diloco", "diloco-hb", "diloco-hb-2h", "noloco", "noloco-alpha0.3", "noloco-pp2", "diloco-matched",
+                  "noloco-int8", "noloco-int4"]
 
 # Each method's outer hyperparameters, from its paper (DiLoCo arXiv 2311.08105, NoLoCo arXiv 2506.10911) or the NoLoCo
 # reference code's DiLoCo baseline; never tuned here.
@@ -101,6 +106,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # 1.4 for NoLoCo's α = 0.5 and 1.0 for the DiLoCo baseline's 0.3; NoLoCo at α = 0.3 against diloco-hb, as
     # diloco-matched (DiLoCo at 0.5) against noloco, compares the two at the same step
     "noloco-alpha0.3": {"method": "noloco", "noloco": {"alpha": 0.3}},
+    # NoLoCo's outer messages in 8 and 4 bits, blockwise with error feedback (swarmlm.noloco.compress)
+    "noloco-int8": {"method": "noloco", "exchange": {"compress": "int8"}},
+    "noloco-int4": {"method": "noloco", "exchange": {"compress": "int4"}},
 }
 class CompareNetworkSection(NetworkSection):
     """The link of the simulated wall-clock; by default 100 ms and 1 Gbit/s between every two replicas."""
@@ -228,8 +236,10 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str, h: int 
         "checkpoint_every": config.checkpoint_every, "keep_checkpoints": 1, "progress": False,
         "inner": config.inner.model_dump(), "outer": {**config.outer.model_dump(), "every": every},
         "noloco": {**config.noloco.model_dump(), **spec.get("noloco", {})}, "data": config.data.model_dump(),
-        "exchange": config.exchange.model_dump(),
+        "exchange": {**config.exchange.model_dump(), **spec.get("exchange", {})},
     }
+    if spec["method"] != "noloco":
+        data["exchange"]["compress"] = "none"  # an all-reduce goes in fp32
     if "diloco" in spec:
         data["diloco"] = spec["diloco"]
     if spec.get("stages", 1) > 1:
@@ -419,9 +429,13 @@ def _message_bytes(run: TrainConfig, numel: int) -> int:
     """Bytes one replica sends per synchronisation of ``run``'s method, for a model of ``numel`` parameters."""
     if run.method == "ddp":
         return 4 * (numel + 1)  # the gradients and the stop flag
-    if run.method == "noloco" and run.noloco.beta != run.noloco.gamma:
-        return 8 * numel  # θ and φ
-    return 4 * numel  # DiLoCo's pseudo-gradient, or NoLoCo's θ
+    if run.method != "noloco":
+        return 4 * numel  # DiLoCo's pseudo-gradient
+    values = numel if run.noloco.beta == run.noloco.gamma else 2 * numel  # θ, or θ and φ
+    from swarmlm.noloco.compress import BITS, encoded_bytes  # torch: not with the config, which --help reads
+
+    x = run.exchange
+    return 4 * values if x.compress == "none" else encoded_bytes(values, BITS[x.compress], x.block)
 
 
 def _clocks(run: TrainConfig, records: dict[int, list[dict[str, Any]]], calibration: dict[str, Any], link: LinkModel,

@@ -16,10 +16,12 @@ from swarmlm.experiments.plots import pyplot
 from swarmlm.experiments.stats import mean_ci
 
 COLORS = {"ddp": "tab:gray", "diloco": "tab:red", "diloco-hb": "tab:orange", "noloco": "tab:blue", "noloco-pp2": "tab:cyan",
-          "diloco-matched": "tab:purple", "diloco-hb-2h": "tab:brown", "noloco-alpha0.3": "tab:green"}
+          "diloco-matched": "tab:purple", "diloco-hb-2h": "tab:brown", "noloco-alpha0.3": "tab:green",
+          "noloco-int8": "tab:olive", "noloco-int4": "tab:pink"}
 LABELS = {"ddp": "DDP", "diloco": "DiLoCo (Nesterov 0.9)", "diloco-hb": "DiLoCo (heavy-ball 0.3)", "noloco": "NoLoCo",
           "noloco-pp2": "NoLoCo, 2 stages, random routing", "diloco-matched": "DiLoCo with NoLoCo's outer step (control)",
-          "diloco-hb-2h": "DiLoCo (heavy-ball 0.3) at 2H", "noloco-alpha0.3": "NoLoCo at α 0.3 (control)"}
+          "diloco-hb-2h": "DiLoCo (heavy-ball 0.3) at 2H", "noloco-alpha0.3": "NoLoCo at α 0.3 (control)",
+          "noloco-int8": "NoLoCo, 8-bit exchange", "noloco-int4": "NoLoCo, 4-bit exchange"}
 # the baselines every method is compared with, where they were run (the last three: the reference's design and the
 # controls)
 REFERENCES_ORDER = ("diloco", "diloco-hb", "diloco-hb-2h", "diloco-matched")
@@ -48,6 +50,8 @@ DESC = {
     "diloco-hb-2h": "DiLoCo heavy-ball 0.3 with an all-reduce every 2H steps: the NoLoCo reference's comparison design "
                     "(about the bytes per replica of NoLoCo every H)",
     "noloco-alpha0.3": "control: NoLoCo with outer momentum α 0.3, the DiLoCo baseline's (the same effective outer step)",
+    "noloco-int8": "NoLoCo with its pair exchange in 8 bits (blockwise absmax, error feedback): 3.8x fewer bytes",
+    "noloco-int4": "the same in 4 bits: 7.1x fewer bytes",
 }
 
 

@@ -36,6 +36,7 @@ from swarmlm.noloco.config import InnerSection, TrainConfig
 from swarmlm.noloco.data import replica_data, validation_batches
 from swarmlm.noloco.groups import group_of, make_groups
 from swarmlm.noloco.comm.clock import clock_of
+from swarmlm.noloco.compress import MessageCodec
 from swarmlm.noloco.faults import FaultInjector
 from swarmlm.noloco.hooks import ClockHook, OuterStepDone, ReplicaHook, StepDone
 from swarmlm.noloco.observer import ReplicaObserver
@@ -120,6 +121,8 @@ class Replica:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.phi = self.theta()
         self.delta = torch.zeros_like(self.phi)
+        x = config.exchange
+        self.codec = MessageCodec(x.compress, x.block, x.error_feedback) if x.compress != "none" else None
         self.diloco = None
         if self.method == "diloco":
             d = config.diloco
@@ -195,6 +198,8 @@ class Replica:
         tensors = load_tensors(checkpoint)
         self.phi.copy_(tensors["phi"])
         self.delta.copy_(tensors["delta"])  # DiLoCo: its outer optimizer's momentum buffer
+        if self.codec is not None and "residual" in tensors:  # the compressed exchange's error feedback
+            self.codec.residual = tensors["residual"].to(self.phi.device)
         if self.diloco is not None:
             self.diloco.load_momentum_buffer(self.delta)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -220,8 +225,14 @@ class Replica:
                 state.update(hook.state_dict())
             self.saved_step = self.step
             save_checkpoint(checkpoint_dir(self.config.out, self.rank), self.step, model=self.model,
-                            optimizer=self.optimizer, state=state, tensors={"phi": self.phi.cpu(), "delta": delta.cpu()},
+                            optimizer=self.optimizer, state=state, tensors=self._tensors(delta),
                             keep=self.config.keep_checkpoints)
+
+    def _tensors(self, delta: torch.Tensor) -> dict[str, torch.Tensor]:
+        tensors = {"phi": self.phi.cpu(), "delta": delta.cpu()}
+        if self.codec is not None and self.codec.residual is not None:
+            tensors["residual"] = self.codec.residual.cpu()
+        return tensors
 
     # ----- the inner step
     def train_step(self, stop_flag: bool) -> tuple[float, float, bool]:
@@ -273,8 +284,11 @@ class Replica:
         group = group_of(self.replica, groups)  # replica indices; the same-stage processes of those replicas average
         fast = c.beta == c.gamma
         payload = theta if fast else torch.cat([theta, self.phi])
-        result = self.outer_comm.exchange(outer_step, [r * self.stages + self.stage for r in group], payload)
+        wire = self.codec.encode(payload) if self.codec is not None else payload
+        result = self.outer_comm.exchange(outer_step, [r * self.stages + self.stage for r in group], wire)
         received = [result.received[p] for p in sorted(result.received)]
+        if self.codec is not None:
+            received = [self.codec.decode(m, payload.numel()).to(payload.device) for m in received]
         if fast:
             mean_theta, _ = group_means(theta, None, received, fast=True)
             noloco_step_fast(self.phi, self.delta, mean_theta=mean_theta, alpha=c.alpha, beta=c.beta, momentum=c.momentum)
