@@ -32,15 +32,15 @@ import torch
 
 from swarmlm.noloco.comm import make_communicator
 from swarmlm.noloco.comm.base import Communicator
-from swarmlm.noloco.config import InnerSection, TrainConfig
-from swarmlm.noloco.data import replica_data, validation_batches
-from swarmlm.noloco.groups import group_of, make_groups
 from swarmlm.noloco.comm.clock import clock_of
 from swarmlm.noloco.compress import MessageCodec
+from swarmlm.noloco.config import InnerSection, TrainConfig
+from swarmlm.noloco.data import replica_data, validation_batches
 from swarmlm.noloco.faults import FaultInjector
+from swarmlm.noloco.groups import group_of, make_groups
 from swarmlm.noloco.hooks import ClockHook, OuterStepDone, ReplicaHook, StepDone
-from swarmlm.noloco.observer import ReplicaObserver
 from swarmlm.noloco.inner_step import DataParallelStep, InnerStep
+from swarmlm.noloco.observer import ReplicaObserver
 from swarmlm.noloco.outer import DiLoCoOuter, group_means, noloco_step, noloco_step_fast
 from swarmlm.runtime.checkpoints import (
     checkpoint_at,
@@ -93,7 +93,7 @@ class Replica:
     """The state and loop of one rank. ``inner_step`` is how this rank computes gradients (default: the whole
     model, :class:`~swarmlm.noloco.inner_step.DataParallelStep`); ``comm`` how it talks to the others (default:
     torch.distributed, :func:`~swarmlm.noloco.comm.make_communicator`); ``hooks`` what runs around its loop
-    (default: :func:`~swarmlm.noloco.hooks.standard_hooks`, the clock, the metrics and fault injection)."""
+    (default: :func:`standard_hooks`, the clock, the metrics and fault injection)."""
 
     def __init__(self, config: TrainConfig, rank: int, world_size: int, local_rank: int = 0,
                  inner_step: InnerStep | None = None, comm: Communicator | None = None,
