@@ -399,6 +399,11 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_experts_100_by_family": lambda: sapo_specialists_by_family("sapo_experts_100"),
     "sapo_experts_answer_likelihood_100": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_100"),
     "sapo_experts_answer_likelihood": sapo_experts_answer_likelihood,
+    "sapo_smollm2_specialists": lambda: sapo_specialists("sapo_smollm2_specialists"),
+    "sapo_smollm2_specialists_by_family": lambda: sapo_specialists_by_family("sapo_smollm2_specialists"),
+    "sapo_smollm2_specialists_own_baseline": lambda: sapo_specialists("sapo_smollm2_specialists_own_baseline"),
+    "sapo_smollm2_specialists_own_baseline_by_family":
+        lambda: sapo_specialists_by_family("sapo_smollm2_specialists_own_baseline"),
     "sapo_experts_answer_likelihood_lr1e3": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_lr1e3"),
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
