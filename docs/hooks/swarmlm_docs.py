@@ -399,6 +399,9 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_experts_100_by_family": lambda: sapo_specialists_by_family("sapo_experts_100"),
     "sapo_experts_answer_likelihood_100": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_100"),
     "sapo_experts_answer_likelihood": sapo_experts_answer_likelihood,
+    "sapo_experts_xarch_own_baseline_100": lambda: sapo_specialists("sapo_experts_xarch_own_baseline_100"),
+    "sapo_experts_xarch_own_baseline_100_by_family":
+        lambda: sapo_specialists_by_family("sapo_experts_xarch_own_baseline_100"),
     "sapo_smollm2_specialists": lambda: sapo_specialists("sapo_smollm2_specialists"),
     "sapo_smollm2_specialists_by_family": lambda: sapo_specialists_by_family("sapo_smollm2_specialists"),
     "sapo_smollm2_specialists_own_baseline": lambda: sapo_specialists("sapo_smollm2_specialists_own_baseline"),
