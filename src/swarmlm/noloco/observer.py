@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tqdm.auto import tqdm
 
@@ -84,23 +84,24 @@ class ReplicaObserver(ReplicaHook):
         self._fields["tokens_per_s"] = (config.grad_accum * config.batch_size * config.seq_len
                                         / max(self._step_s - turns, 1e-9))
         if replica.method == "ddp" and step % config.outer.every == 0:
-            self._spread("model_std", replica.theta())
+            self._spread("model_std", replica.theta)
 
     def before_outer(self, outer_step: int, theta: "torch.Tensor") -> None:
         self._outer_started = time.perf_counter()
-        self._spread("model_std_fast", theta)
+        self._spread("model_std_fast", lambda: theta)
         self._outer_comm_before = self.replica.comm.traffic.seconds
 
     def after_outer(self, outer: OuterStepDone) -> None:
         self._fields.update(outer.fields())
         self._fields["outer_comm_s"] = self.replica.comm.traffic.seconds - self._outer_comm_before
-        self._spread("model_std", self.replica.theta())
+        self._spread("model_std", self.replica.theta)
         self._outer_s = time.perf_counter() - self._outer_started
 
-    def _spread(self, key: str, theta: "torch.Tensor") -> None:
+    def _spread(self, key: str, theta: Callable[[], "torch.Tensor"]) -> None:
+        """The replicas' spread under ``key``, when measured (``theta``: the weights, flattened only then)."""
         comm = self.replica.outer_comm
         if self.config.log.model_std and isinstance(comm, ReplicaSpread):
-            self._fields[key] = comm.replica_std(theta)
+            self._fields[key] = comm.replica_std(theta())
 
     def step_done(self, done: StepDone) -> None:
         replica = self.replica
