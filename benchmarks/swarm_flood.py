@@ -9,9 +9,9 @@ DHT peer (``tests/sapo/swarm_hostile.py``) holds ``--sybils`` identities, each p
 publishes a message of ``--alice-bytes`` and Bob reads the round. Beside the Sybils, ``--attackers`` ordinary DHT
 peers publish a message of ``--attacker-bytes`` under their own keys at every round g and g + 1 (the next round's
 key is read too), within Bob's read budget of ``--max-round-bytes``. Reported per round: whether Bob read Alice's
-message, how long Bob's reads of the round took until he had it, the resident memory of Bob's DHT process and its
-p2p daemon, the bytes Bob's storage budget keeps, and Bob's refusals by reason. ``--sybils 0 --attackers 0`` is
-the baseline.
+message, how long Bob's reads of the round took until he had it, when Alice's store of it ended (and whether it
+reported success), the resident memory of Bob's DHT process and its p2p daemon, the bytes Bob's storage budget
+keeps, and Bob's refusals by reason. ``--sybils 0 --attackers 0`` is the baseline.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> dict:
         for _ in range(args.rounds):
             g = clock.now()
             payload = f"alice {g} ".encode() * (args.alice_bytes // 12)
+            published = time.monotonic()
             alice.publish(g, payload)
+            stored = alice._pending_stores[-1]  # Alice's store of this round's message and digest
             if hostile is not None:
                 hostile.publish_round(victim_id=alice.node_id, victim_subkey=alice.identity.owner_subkey)
             for k, attacker in enumerate(attackers):
@@ -67,10 +69,15 @@ def run(args: argparse.Namespace) -> dict:
                     attacker.publish(r, bytes([65 + k]) * args.attacker_bytes)
             got, started = [], time.monotonic()
             until = started + 0.8 * args.round_length
+            stored_seconds = None
             while time.monotonic() < until and not any(m.sender == alice.node_id and m.round == g for m in got):
                 got += bob.collect(g, timeout=0.5)
+                if stored_seconds is None and stored.done():
+                    stored_seconds = round(time.monotonic() - published, 3)
+            stored_ok = stored.done() and stored.exception() is None and bool(stored.result())
             rows.append({"round": g, "alice_read": any(m.sender == alice.node_id and m.payload == payload for m in got),
-                         "read_seconds": round(time.monotonic() - started, 3),
+                         "read_seconds": round(time.monotonic() - started, 3), "alice_stored_seconds": stored_seconds,
+                         "alice_stored": stored_ok,
                          "bob_dht_rss_mb": round(process_tree_rss_mb(pid), 1), "bob_dht_kept_bytes": bob.stats()["dht_kept_bytes"],
                          "senders_read": sorted({m.sender[-6:] for m in got})})
             print(json.dumps(rows[-1]), flush=True)
@@ -106,7 +113,8 @@ def main() -> None:
     parser.add_argument("--sybils", type=int, default=24)
     parser.add_argument("--message-bytes", type=int, default=1_000_000, help="each Sybil's message (and the size cap)")
     parser.add_argument("--alice-bytes", type=int, default=200_000)
-    parser.add_argument("--dht-round-bytes", type=int, default=4_000_000, help="the honest peers' storage budget per round")
+    parser.add_argument("--dht-round-bytes", type=int, default=32_000_000,
+                        help="the honest peers' storage budget per round (the node's default)")
     parser.add_argument("--attackers", type=int, default=2, help="peers that publish at every round g and g + 1")
     parser.add_argument("--attacker-bytes", type=int, default=1_900_000)
     parser.add_argument("--max-round-bytes", type=int, default=16_000_000, help="Bob's read budget per round")

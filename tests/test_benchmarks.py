@@ -192,6 +192,7 @@ def test_swarm_flood_benchmark_runs(tmp_path, monkeypatch):
     assert 0 < result["read_seconds_mean"] <= result["read_seconds_max"] and result["settings"]["attackers"] == 1
     assert result["bob_dht_rss_mb_peak"] >= result["bob_dht_rss_mb_start"] > 0
     assert 0 <= result["alice_read_rounds"] <= 2 and result["drops"]
+    assert all(isinstance(r["alice_stored"], bool) for r in result["per_round"])
 
 
 # ----------------------------------------------------------------------------- intake flood

@@ -13,13 +13,14 @@ DHT validators must refuse or bound.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from swarmlm.sapo.intake import question_stream
 from swarmlm.sapo.transports.hivemind.clock import RoundClock
-from swarmlm.sapo.transports.hivemind.dht_process import dht_class
+from swarmlm.sapo.transports.hivemind.dht_process import dht_class, store_message
 from swarmlm.sapo.transports.hivemind.identity import load_identity
-from swarmlm.sapo.transports.hivemind.keys import message_key
+from swarmlm.sapo.transports.hivemind.keys import digest_key, message_digest, message_key
 from swarmlm.tasks import TaskConfig, TaskSource, format_answer
 from swarmlm.tasks.provenance import EVAL_SEED
 
@@ -272,12 +273,10 @@ class HostilePeer:
         kind = kinds[(self.rounds_published // 2) % len(kinds)] if self.rounds_published % 2 else "records"
         self.rounds_published += 1
         expiration = get_dht_time() + 3 * self.clock.round_length
-        futures = [self.dht.store(message_key(self.run, g, self.peer_id), self.message(kind, g, victim_id), expiration,
-                                  subkey=self.identity.owner_subkey, return_future=True)]
+        futures = [self._store(g, self.identity, self.message(kind, g, victim_id), expiration)]
         flood = b"F" * (flood_bytes or self.max_message_bytes - 16)
         for sybil in self.sybils:
-            futures.append(self.dht.store(message_key(self.run, g, sybil.peer_id), flood, expiration,
-                                          subkey=sybil.owner_subkey, return_future=True))
+            futures.append(self._store(g, sybil, flood, expiration))
         if victim_id is not None and victim_subkey is not None and kind != "records":
             # pre-filled: the victim's key of the next round (a "records" round, which reads the victim's key of
             # this round, never pre-filled, to copy its records)
@@ -299,6 +298,24 @@ class HostilePeer:
             except Exception:
                 pass
         return kind
+
+    def publish_lying_digest(self, payload: bytes, named: bytes) -> None:
+        """This round's message ``payload`` under a digest that names ``named`` instead."""
+        from hivemind.utils import get_dht_time
+
+        g = self.clock.now()
+        self._store(g, self.identity, payload, get_dht_time() + 3 * self.clock.round_length,
+                    digest=message_digest(named)).result(timeout=20)
+
+    def _store(self, g: int, identity, payload: object, expiration: float, digest: bytes | None = None):
+        """``identity``'s message of round ``g`` and its digest, stored as honest peers store theirs (a payload that
+        is not bytes, which honest peers refuse to store, with the digest of its text)."""
+        named = payload if isinstance(payload, bytes) else repr(payload).encode()
+        return self.dht.run_coroutine(partial(
+            store_message, message_key=message_key(self.run, g, identity.peer_id),
+            digest_key=digest_key(self.run, g, identity.peer_id), payload=payload,
+            digest=digest or message_digest(named),
+            expiration=expiration, subkey=identity.owner_subkey), return_future=True)
 
     def close(self) -> None:
         self.dht.shutdown()

@@ -172,7 +172,6 @@ def collision(a: str, b: str, round_a: int, round_b: int, tries: int = 20_000) -
     """Two genuine records, of senders whose names start with ``a`` and ``b``, whose streams draw one question
     (found by the birthday bound over sender names: SHA-256 indices in a space of 10^7); both without completions."""
     from swarmlm.tasks.provenance import stream_index
-    from swarmlm.tasks import TaskSource
     family = "chain_sum"
     by_index = {}
     for k in range(tries):

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from swarmlm.sapo.transports.hivemind.validators import set_trusted, take_refusals
@@ -63,6 +64,9 @@ def dht_class():
     """hivemind's DHT process, which also exits (with its p2p daemon) when the node process dies, and
     which can receive commands of any size (see :class:`_BlockingReceiver`).
 
+    Given ``storage_rules`` before it starts, it keeps what peers ask it to store within their storage budget,
+    while the validators (which hivemind also runs on what it reads) check only the records' form.
+
     hivemind runs the DHT in a daemonic child process, but a SIGKILLed parent never reaps it: the
     orphan would keep the node's peer id alive, and the restarted node would find its identity taken. The
     coroutines the node runs in it are held until they end, and one that the shutdown interrupts ends quietly
@@ -93,8 +97,18 @@ def dht_class():
             finally:
                 _RUNNING.discard(task)
 
+        #: the node's swarm rules (:class:`.record_validators.SwarmRecordValidator`); when set, this DHT peer keeps
+        #: records within their rules' storage budget (:class:`.record_validators.BudgetedStorage`)
+        storage_rules = None
+
         def run(self) -> None:
             self._inner_pipe = _BlockingReceiver(self._inner_pipe)
+            if self.storage_rules is not None:  # in this process only, which holds this one DHT peer
+                from hivemind.dht import protocol
+
+                from swarmlm.sapo.transports.hivemind.record_validators import BudgetedStorage
+
+                protocol.DHTLocalStorage = partial(BudgetedStorage, self.storage_rules)
             parent = os.getppid()
 
             def watch() -> None:
@@ -120,11 +134,23 @@ async def read_dht_state(_dht, dht_node, token: str, trusted: list[str], max_pee
     return refusals, peers, kept
 
 
-async def fetch_values(_dht, dht_node, keys: list[str], timeout: float, concurrency: int = 16
+async def store_message(_dht, dht_node, message_key: str, digest_key: str, payload: bytes, digest: bytes,
+                        expiration: float, subkey: bytes) -> bool:
+    """Store a round's message, then, once its stores have ended, its digest (:mod:`.keys`): a reader who finds the
+    digest finds the message too, wherever it was kept. The digest is stored whatever the message's store returned:
+    hivemind reports the answer of the last peer asked, which may be one whose storage budget was full while others
+    kept it. Returns whether both stores reported success."""
+    stored = await dht_node.store(message_key, payload, expiration, subkey=subkey)
+    return bool(await dht_node.store(digest_key, digest, expiration, subkey=subkey)) and bool(stored)
+
+
+async def fetch_values(_dht, dht_node, keys: list[str], timeout: float, concurrency: int = 16, latest: bool = True
                        ) -> dict[str, dict[bytes, tuple[bytes, float]]]:
     """The dictionaries stored under ``keys`` (``{subkey: (value, expiration)}``), looked up one key per
     request so that a reply carries one peer's message and never approaches hivemind's reply limit. Keys
-    not found within ``timeout`` seconds are left out."""
+    not found within ``timeout`` seconds are left out. ``latest`` asks every peer near the key for the newest
+    value (each that holds it sends it whole); otherwise the first value found is taken, this peer's own copy
+    when it stores the key."""
     import asyncio
 
     limit = asyncio.Semaphore(concurrency)
@@ -132,7 +158,7 @@ async def fetch_values(_dht, dht_node, keys: list[str], timeout: float, concurre
 
     async def one(key: str) -> None:
         async with limit:
-            result = await dht_node.get(key, latest=True)
+            result = await dht_node.get(key, latest=latest)
         if result is None or not isinstance(result.value, dict):
             return
         found[key] = {sub: (item.value, float(item.expiration_time)) for sub, item in result.value.items()}

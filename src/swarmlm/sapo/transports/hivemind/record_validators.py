@@ -13,11 +13,17 @@ from typing import Any
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DHTLocalStorage
 from hivemind.dht.validation import RecordValidatorBase
 
 from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock
 from swarmlm.sapo.transports.hivemind.identity import sender_peer_id
-from swarmlm.sapo.transports.hivemind.keys import MAX_ADDRESS_BYTES, address_key, message_key
+from swarmlm.sapo.transports.hivemind.keys import (DIGEST_BYTES, MAX_ADDRESS_BYTES, address_key, digest_key,
+                                                   digest_length, message_key)
+
+#: what a digest record counts for in the digests' storage budget: its 40 bytes, the signer's public key in the
+#: subkey and the signature
+DIGEST_CHARGE = 1024
 
 
 class SwarmRecordValidator(RecordValidatorBase):
@@ -26,42 +32,49 @@ class SwarmRecordValidator(RecordValidatorBase):
     reason, each distinct record once."""
 
     def __init__(self, run: str, clock: RoundClock, *, back_rounds: int, max_value_bytes: int, max_ttl: float,
-                 budget: Any):  # a validators.RoundBudget (not imported: validators imports this module)
+                 budget: Any, digest_budget: Any):  # validators.RoundBudget (not imported: validators imports this)
         self.run, self.clock = run, clock
         self.back_rounds, self.max_value_bytes, self.max_ttl = back_rounds, max_value_bytes, max_ttl
-        self.budget = budget
+        self.budget, self.digest_budget = budget, digest_budget
         # no record may expire later than max_ttl from now, so rounds further ahead than this hold nothing
         self.ahead_rounds = math.ceil(max_ttl / clock.round_length) + FUTURE_ROUNDS + 1
         self.counts: Counter = Counter()
         self._seen_bad: OrderedDict[bytes, None] = OrderedDict()
         self._ids: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
-    def _key_id(self, peer: str, round: int) -> bytes:
-        key = (peer, round)
+    def _key_id(self, peer: str, round: int, kind: str = "message") -> bytes:
+        key = (peer, round, kind)
         found = self._ids.get(key)
         if found is None:
-            found = self._ids[key] = DHTID.generate(source=message_key(self.run, round, peer)).to_bytes()
-            if len(self._ids) > 65_536:
+            source = (message_key if kind == "message" else digest_key)(self.run, round, peer)
+            found = self._ids[key] = DHTID.generate(source=source).to_bytes()
+            if len(self._ids) > 131_072:
                 self._ids.popitem(last=False)
         return found
 
     def _address_id(self, peer: str) -> bytes:
-        key = (peer, -1)
+        key = (peer, -1, "addresses")
         found = self._ids.get(key)
         if found is None:
             found = self._ids[key] = DHTID.generate(source=address_key(self.run, peer)).to_bytes()
         return found
 
-    def _round_of(self, key_id: bytes, peer: str, now_round: int) -> int | None:
-        """The round whose message key of ``peer`` is ``key_id`` (rounds this peer can be asked to keep)."""
+    def _round_of(self, key_id: bytes, peer: str, now_round: int) -> tuple[int, str] | None:
+        """The round and kind (``message`` or ``digest``) of ``peer``'s key ``key_id``, among the rounds this peer
+        can be asked to keep."""
         for r in range(max(0, now_round - self.back_rounds), now_round + self.ahead_rounds + 1):
-            if self._key_id(peer, r) == key_id:
-                return r
+            for kind in ("message", "digest"):
+                if self._key_id(peer, r, kind) == key_id:
+                    return r, kind
         return None
 
     def reject(self, reason: str, record) -> bool:
-        fingerprint = hashlib.sha1(record.key + (record.subkey or b"") + record.value[:4096]
-                                   + repr(record.expiration_time).encode()).digest()
+        return self._count_refusal(reason, record.key + (record.subkey or b"") + record.value[:4096]
+                                   + repr(record.expiration_time).encode())
+
+    def _count_refusal(self, reason: str, identity: bytes) -> bool:
+        """Count a refusal by its reason, each distinct record (``identity``) once; returns False."""
+        fingerprint = hashlib.sha1(identity).digest()
         if fingerprint not in self._seen_bad:
             self._seen_bad[fingerprint] = None
             if len(self._seen_bad) > 4096:
@@ -83,20 +96,48 @@ class SwarmRecordValidator(RecordValidatorBase):
         if peer is None:
             return self.reject("unsigned", record)
         now_round = self.clock.round_at(now)
-        self.budget.forget_before(now_round - self.back_rounds)
         if record.key == self._address_id(peer):
             return self._valid_addresses(record)
-        rnd = self._round_of(record.key, peer, now_round)
-        if rnd is None:
+        found = self._round_of(record.key, peer, now_round)
+        if found is None:
             return self.reject("foreign_key", record)
+        rnd, kind = found
         if rnd > now_round + FUTURE_ROUNDS:
             return self.reject("future_round", record)
-        size = self._value_size(record, self.max_value_bytes)
+        if kind == "digest":
+            return self._valid_digest(record)
+        return self._value_size(record, self.max_value_bytes) is not None
+
+    def _valid_digest(self, record) -> bool:
+        """A digest (:func:`.keys.message_digest`): exactly its 40 bytes, stating a length within the size cap."""
+        size = self._value_size(record, DIGEST_BYTES)
         if size is None:
             return False
-        if not self.budget.admit(rnd, peer, size):
-            return self.reject("dht_full", record)
+        try:
+            length = digest_length(DHTProtocol.serializer.loads(record.value))
+        except Exception:
+            length = None
+        if size != DIGEST_BYTES or length is None or length > self.max_value_bytes:
+            return self.reject("bad_message", record)
         return True
+
+    def admit_stored(self, key_id: bytes, subkey: Any, value: bytes) -> bool:
+        """Whether this peer keeps a record it was asked to store (already validated): the storage budget of its
+        round (:class:`.validators.RoundBudget`), messages and digests each their own. Records this peer only reads
+        are not charged: the budget bounds what it holds, never what it can read. Refusals count as ``dht_full``."""
+        peer = sender_peer_id(subkey) if isinstance(subkey, bytes) else None
+        if peer is None or key_id == self._address_id(peer):
+            return True
+        now_round = self.clock.round_at(time.time())
+        self.budget.forget_before(now_round - self.back_rounds)
+        self.digest_budget.forget_before(now_round - self.back_rounds)
+        found = self._round_of(key_id, peer, now_round)
+        if found is None:
+            return True  # not a key of the swarm's: the validators refused it before it came here
+        rnd, kind = found
+        admitted = (self.digest_budget.admit(rnd, peer, DIGEST_CHARGE) if kind == "digest"
+                    else self.budget.admit(rnd, peer, len(value)))
+        return admitted or self._count_refusal("dht_full", key_id + subkey + value[:4096])
 
     def _valid_addresses(self, record) -> bool:
         return self._value_size(record, MAX_ADDRESS_BYTES) is not None
@@ -133,3 +174,18 @@ class CountingSignatureValidator(RSASignatureValidator):
         except Exception:  # e.g. a malformed public key in a hostile subkey
             ok = False
         return ok or self.rules.reject("bad_signature", record)
+
+
+class BudgetedStorage(DHTLocalStorage):
+    """hivemind's local storage of a DHT peer, keeping a record under a subkey only within its round's storage
+    budget (:meth:`SwarmRecordValidator.admit_stored`). Installed by :func:`.dht_process.dht_class` in the DHT
+    process, so that the budget applies to what the peer stores and never to what it reads."""
+
+    def __init__(self, rules: SwarmRecordValidator, maxsize: int | None = None):
+        super().__init__(maxsize=maxsize)
+        self.rules = rules
+
+    def store_subkey(self, key, subkey, value, expiration_time) -> bool:
+        if not self.rules.admit_stored(key.to_bytes(), subkey, value):
+            return False
+        return super().store_subkey(key, subkey, value, expiration_time)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import threading
@@ -21,12 +20,17 @@ from swarmlm.sapo.transports.base import Received, RolloutTransport
 from swarmlm.sapo.transports.hivemind import require_hivemind
 from swarmlm.sapo.transports.hivemind.clock import FUTURE_ROUNDS, RoundClock
 from swarmlm.sapo.transports.hivemind.dht_process import (dht_class, fetch_values, read_dht_state, refresh_routing,
-                                                          rejoin, routing_table_size)
+                                                          rejoin, routing_table_size, store_message)
 from swarmlm.sapo.transports.hivemind.identity import Identity, sender_peer_id
-from swarmlm.sapo.transports.hivemind.keys import MAX_ADDRESS_BYTES, address_key, message_key
+from swarmlm.sapo.transports.hivemind.keys import (MAX_ADDRESS_BYTES, address_key, digest_key, digest_length,
+                                                   message_digest, message_key)
 from swarmlm.sapo.transports.hivemind.validators import forget_validators, make_validators
 
 log = logging.getLogger(__name__)
+
+#: in how many reads at most within one round of this node's clock one message (a round, a peer) is fetched (each
+#: read tries twice at most): a peer whose digest keeps changing, or never names its message, costs that much
+MAX_FETCHES_PER_ROUND = 3
 
 
 def check_multiaddrs(addresses: Sequence[str], *, need_peer_id: bool, what: str) -> list[str]:
@@ -101,13 +105,15 @@ class HivemindTransport(RolloutTransport):
     ``publish`` stores the round's message under this node's own key of the round and returns without
     waiting for the store to finish. ``collect(g, timeout)`` reads, for rounds ``g - staleness_rounds … g + 1``,
     the keys of at most ``max_peers_per_round`` peers: those heard from within the window first (most recent
-    first), then the other peers of the routing table in a random order. It returns every message it has not
-    returned before (each peer's message of a round at most once, a newer one again), at most ``max_round_bytes``
-    in all (the rest counted as ``round_cap``): every peer's message of round ``g`` first, then older rounds', then
-    the next round's, the smaller first within a round, so that a peer publishing ahead or large cannot push an
-    honest peer's current message out. An old round's key is read until its message is found, the
-    current and next rounds' on every read. With ``wait_for_peers`` it keeps polling, until the timeout at
-    most, while a peer that published within the staleness window has not yet published anything new and is
+    first), then the other peers of the routing table in a random order. Each read looks up the small digests
+    of those keys (:func:`.keys.digest_key`) and fetches only the messages whose digest it has not returned
+    before (each peer's message of a round at most once, a newer one again), at most ``max_round_bytes`` in all
+    by the lengths the digests state (the rest counted as ``round_cap`` and never fetched): every peer's message
+    of round ``g`` first, then older rounds', then the next round's, the smaller first within a round, so that a
+    peer publishing ahead or large cannot push an honest peer's current message out. A message crosses the
+    network once, not at every read, and is returned only if it is the one its digest names. An old round's
+    key is read until its message is found, the current and next rounds' on every read. With ``wait_for_peers``
+    it keeps polling, until the timeout at most, while a peer that published within the staleness window has not yet published anything new and is
     due to (its last message is less than two of its usual intervals old). A peer that stopped is waited for
     during two of its intervals at most, one silent for the whole window is forgotten, and with no such peer
     (a lone node) ``collect`` returns at once.
@@ -159,7 +165,8 @@ class HivemindTransport(RolloutTransport):
         self._validators = make_validators(identity, run, clock, back_rounds=staleness_rounds + 2,
                                            max_value_bytes=max_value_bytes, max_ttl=self.max_ttl,
                                            round_bytes=dht_round_bytes, token=self._token)
-        self._seen: dict[tuple[int, str], float] = {}  # (round, sender) -> newest expiration returned
+        self._seen: dict[tuple[int, str], bytes] = {}  # (round, sender) -> digest of the message returned
+        self._fetched: dict[tuple[int, str], tuple[int, int]] = {}  # (round, sender) -> (global round, fetches in it)
         self._read_in: dict[tuple[int, str], int] = {}  # (round, sender) -> the global round its message was last read in
         self._live: dict[str, int] = {}  # sender -> newest round it published in (within the window)
         self._last_new: dict[str, float] = {}  # sender -> when its newest message was first seen (monotonic)
@@ -213,6 +220,7 @@ class HivemindTransport(RolloutTransport):
             initial_peers=peers or None, start=False, identity_path=str(self.identity.path),
             host_maddrs=self.host_maddrs, announce_maddrs=self.announce_maddrs or None,
             record_validators=self._validators, **self.dht_options)
+        dht.storage_rules = self._validators[-1]  # the storage budget, applied to what this peer stores
         try:
             dht.run_in_background(await_ready=True, timeout=self.startup_timeout)
         except BaseException as err:
@@ -298,9 +306,10 @@ class HivemindTransport(RolloutTransport):
             return
         from hivemind.utils import get_dht_time
 
-        self._pending_stores.append(dht.store(message_key(self.run, round, self.node_id), payload,
-                                              get_dht_time() + self.ttl, subkey=self.identity.owner_subkey,
-                                              return_future=True))
+        self._pending_stores.append(dht.run_coroutine(partial(
+            store_message, message_key=message_key(self.run, round, self.node_id),
+            digest_key=digest_key(self.run, round, self.node_id), payload=payload, digest=message_digest(payload),
+            expiration=get_dht_time() + self.ttl, subkey=self.identity.owner_subkey), return_future=True))
         self.counters.published += 1
         if self._maddrs and time.monotonic() >= self._next_announce:
             self._next_announce = time.monotonic() + self.max_ttl / 2
@@ -478,6 +487,8 @@ class HivemindTransport(RolloutTransport):
             del self._seen[key]
         for key in [k for k in self._read_in if k[0] < first - 1]:
             del self._read_in[key]
+        for key in [k for k in self._fetched if k[0] < first - 1]:
+            del self._fetched[key]
         for p in [p for p, r in self._live.items() if r < first]:
             del self._live[p]
             self._last_new.pop(p, None)
@@ -485,63 +496,109 @@ class HivemindTransport(RolloutTransport):
 
     def _poll(self, dht, peers: list[str], rounds: range, round: int, deadline: float, heard: set[str],
               budget: list[int]) -> list[Received]:
+        """One read: the digests of the wanted keys, then the messages whose digest is new (:meth:`_fetch`)."""
         # a past round's message is read until it has been read once after that round ended and a message of a
         # later round from the same peer has been seen: a peer that takes several steps within a round republishes
         # its message at each, and its last step of a round, begun within it, publishes after the round has ended,
         # but before its first step of a later round publishes
-        wanted = {message_key(self.run, r, p): (r, p) for p in peers for r in rounds
-                  if r >= round or self._read_in.get((r, p), r) <= r or self._live.get(p, r) <= r}
+        wanted = [(r, p) for p in peers for r in rounds
+                  if r >= round or self._read_in.get((r, p), r) <= r or self._live.get(p, r) <= r]
         if not wanted:
             return []
         position = {p: i for i, p in enumerate(peers)}
-        # looked up in this order (16 at a time): every peer's current round first, so that lookups of large
-        # messages of other rounds never hold up an honest peer's current one
-        keys = sorted(wanted, key=lambda k: (wanted[k][0] > round, abs(wanted[k][0] - round), position[wanted[k][1]]))
+        # looked up in this order (16 at a time): every peer's current round first, so that lookups of other rounds
+        # never hold up an honest peer's current one
+        wanted.sort(key=lambda rp: (rp[0] > round, abs(rp[0] - round), position[rp[1]]))
+        digests = self._lookup(dht, {digest_key(self.run, r, p): (r, p) for r, p in wanted}, deadline, latest=True)
+        new: list[tuple[int, str, bytes, int]] = []
+        for r, p in wanted:
+            digest = digests.get((r, p))
+            if digest is None:
+                continue
+            self._read_in[(r, p)] = round
+            self._live[p] = max(r, self._live.get(p, r))
+            if self._seen.get((r, p)) == digest:
+                continue  # returned before
+            length = digest_length(digest)
+            if length is None:
+                self.drops.drop("bad_message", p, f"its round {r} digest is not a digest")
+                continue
+            last, count = self._fetched.get((r, p), (round, 0))
+            if last == round and count >= MAX_FETCHES_PER_ROUND:
+                continue  # a digest that keeps changing is followed at most this often
+            new.append((r, p, digest, length))
+        # the round's byte budget goes to every peer's current round before anyone's later round (a peer that
+        # publishes ahead cannot push an honest peer's current message out), then to older rounds, nearest first;
+        # within a round, smaller messages first, so that large ones cannot take the budget of small ones. What does
+        # not fit is never fetched.
+        chosen = []
+        for r, p, digest, length in sorted(new, key=lambda c: (c[0] > round, abs(c[0] - round), c[3], position[c[1]])):
+            if length > budget[0]:
+                self.drops.drop("round_cap", p, f"its round {r} message, {length} bytes: over "
+                                f"{self.max_round_bytes} bytes read in round {round}")
+                continue
+            budget[0] -= length
+            chosen.append((r, p, digest, length))
+        out: list[Received] = []
+        for r, p, value in self._fetch(dht, chosen, round, deadline, budget):
+            self._seen[(r, p)] = message_digest(value)
+            self._heard_new(p)
+            if len(self._peers_seen) < 100_000:
+                self._peers_seen.add(p)
+            out.append(Received(p, r, value))
+            heard.add(p)
+        return out
+
+    def _fetch(self, dht, chosen: list[tuple[int, str, bytes, int]], round: int, deadline: float,
+               budget: list[int]) -> list[tuple[int, str, bytes]]:
+        """The messages of ``chosen`` (round, peer, digest, length) that match their digests: each first from
+        wherever it is found first (this peer's own copy when it stores the key), then, if that copy is not the
+        one the digest names, from every peer near the key. A message that matches neither is not returned, and
+        its bytes go back to the budget; after ``MAX_FETCHES_PER_ROUND`` reads of a round that tried it, it is
+        dropped as ``digest_mismatch``."""
+        out: list[tuple[int, str, bytes]] = []
+        for r, p, _, _ in chosen:
+            last, count = self._fetched.get((r, p), (round, 0))
+            self._fetched[(r, p)] = (round, count + 1 if last == round else 1)
+        for latest in (False, True):
+            if not chosen:
+                break
+            values = self._lookup(dht, {message_key(self.run, r, p): (r, p) for r, p, _, _ in chosen}, deadline,
+                                  latest=latest)
+            missed = []
+            for r, p, digest, length in chosen:
+                value = values.get((r, p))
+                if value is not None and not isinstance(value, (bytes, bytearray)):
+                    self.drops.drop("bad_message", p, f"payload is {type(value).__name__}")
+                    budget[0] += length
+                elif value is not None and message_digest(value) == digest:
+                    out.append((r, p, bytes(value)))
+                else:
+                    missed.append((r, p, digest, length))
+            chosen = missed
+        for r, p, _, length in chosen:
+            budget[0] += length
+            if self._fetched[(r, p)][1] >= MAX_FETCHES_PER_ROUND:
+                self.drops.drop("digest_mismatch", p, f"its round {r} message is not the one its digest names")
+        return out
+
+    def _lookup(self, dht, keys: dict[str, tuple[int, str]], deadline: float, *, latest: bool
+                ) -> dict[tuple[int, str], Any]:
+        """The values of ``keys`` (key -> (round, peer)) that the key's peer signed, by (round, peer); in the
+        order of ``keys``, 16 lookups at a time, until ``deadline``."""
         try:
-            fut = dht.run_coroutine(partial(fetch_values, keys=keys,
+            fut = dht.run_coroutine(partial(fetch_values, keys=list(keys), latest=latest,
                                             timeout=max(0.05, deadline - time.monotonic() - 0.05)), return_future=True)
             found = fut.result(timeout=max(0.1, deadline - time.monotonic() + 1.0))
         except Exception as err:
             self.counters.get_timeouts += 1
             log.debug("DHT reads failed: %s", err)
-            return []
-        out: list[Received] = []
-
-        def size(key) -> int:  # of the value signed by the key's peer (what would be read), for the order below
-            entries, peer = found.get(key) or {}, wanted[key][1]
-            value = next((v for sub, (v, _) in entries.items() if sender_peer_id(sub) == peer), None)
-            return len(value) if isinstance(value, (bytes, bytearray)) else 0
-
-        # the round's byte budget goes to every peer's current round before anyone's later round (a peer that
-        # publishes ahead cannot push an honest peer's current message out), then to older rounds, nearest first;
-        # within a round, smaller messages first, so that large ones cannot take the budget of small ones
-        for key, (r, peer) in sorted(wanted.items(), key=lambda kv: (kv[1][0] > round, abs(kv[1][0] - round),
-                                                                     size(kv[0]), position[kv[1][1]])):
-            entries = found.get(key)
-            if not entries:
-                continue
+            return {}
+        out = {}
+        for key, entries in found.items():
+            r, peer = keys[key]
             # honest peers' validators keep nothing under a peer's key that the peer did not sign
-            item = next(((v, e) for sub, (v, e) in entries.items() if sender_peer_id(sub) == peer), None)
-            if item is None:
-                continue
-            value, expiration = item
-            self._read_in[(r, peer)] = round
-            if self._seen.get((r, peer), -math.inf) >= expiration:
-                self._live[peer] = max(r, self._live.get(peer, r))
-                continue  # returned before
-            if not isinstance(value, (bytes, bytearray)):
-                self.drops.drop("bad_message", peer, f"payload is {type(value).__name__}")
-                continue
-            if len(value) > budget[0]:
-                self.drops.drop("round_cap", peer, f"its round {r} message, {len(value)} bytes: over "
-                                f"{self.max_round_bytes} bytes read in round {round}")
-                continue
-            budget[0] -= len(value)
-            self._seen[(r, peer)] = expiration
-            self._live[peer] = max(r, self._live.get(peer, r))
-            self._heard_new(peer)
-            if len(self._peers_seen) < 100_000:
-                self._peers_seen.add(peer)
-            out.append(Received(peer, r, bytes(value)))
-            heard.add(peer)
+            value = next((v for sub, (v, _) in entries.items() if sender_peer_id(sub) == peer), None)
+            if value is not None:
+                out[(r, peer)] = value
         return out

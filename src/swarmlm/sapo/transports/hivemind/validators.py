@@ -3,22 +3,29 @@
 Every honest peer runs :class:`.record_validators.SwarmRecordValidator` on what others ask it to store and on what other peers
 return to its queries. The DHT is the swarm's own, so it is strict: a record is accepted only under **its
 signer's own key** and subkey, either as a message of a round within the window (:func:`.keys.message_key`, bytes
-of at most the size cap) or as its addresses (:func:`.keys.address_key`, at most ``MAX_ADDRESS_BYTES``), expiring
-no later than the longest TTL. Everything else is refused with a reason:
+of at most the size cap), as that message's digest (:func:`.keys.digest_key`, exactly 40 bytes stating a length
+within the size cap) or as its addresses (:func:`.keys.address_key`, at most ``MAX_ADDRESS_BYTES``), expiring no
+later than the longest TTL. Everything else is refused with a reason:
 
 * ``unsigned``: the subkey is not exactly an owner subkey ``[owner:ssh-rsa …]`` (a plain value, or junk after it);
 * ``foreign_key``: not one of the signer's own keys (a write into another peer's key, or any other key);
 * ``future_round``: the signer's key of a round more than one ahead of this peer's clock;
-* ``bad_message`` / ``oversized_message``: the value is not bytes, or too large;
+* ``bad_message`` / ``oversized_message``: the value is not bytes (or not a digest under a digest key), or too
+  large;
 * ``bad_expiration``: it would expire later than ``max_ttl`` from now;
 * ``dht_full``: the round's storage budget is spent (below);
 * ``bad_signature``: hivemind's :class:`~hivemind.dht.crypto.RSASignatureValidator` refused it.
 
-**Storage budget.** All peers' messages of one round together may take at most ``round_bytes`` here (one value
+**Storage budget.** It bounds what this peer stores for others, never what it reads (hivemind runs the
+validators on both; the budget sits in the peer's storage, :class:`.record_validators.BudgetedStorage`, so a
+round whose budget is full can still be read). All peers' messages of one round together may take at most
+``round_bytes`` here (one value
 per signer and round; a newer one replaces it). This node's own message is always kept; peers this node
 accepted records from recently (:func:`set_trusted`) come next; identities it does not know share at most half
 the budget, so a flood of new identities can never take the room of known peers. Rounds leave the budget
 when they leave the window, so the DHT process holds at most about ``window × round_bytes`` of messages.
+Digests have a budget of their own under the same rules, ``round_bytes / 32`` a round, each digest counted as
+1 KB (its signed record), so a flood of digests can take neither the messages' room nor the known peers'.
 
 Refusals are counted by reason, each distinct record once, and reach the node's ``drops``. The validators run
 inside the DHT process (a fork of the node's process); :func:`take_refusals` and :func:`set_trusted` are called
@@ -71,12 +78,16 @@ class RoundBudget:
 def make_validators(identity: Identity, run: str, clock: RoundClock, *, back_rounds: int, max_value_bytes: int,
                     max_ttl: float, round_bytes: int, token: str) -> list:
     """The record validators of one node's DHT: hivemind's signature check (counting what it refuses),
-    then the swarm's rules (:class:`.record_validators.SwarmRecordValidator`)."""
+    then the swarm's rules (:class:`.record_validators.SwarmRecordValidator`, last, which also holds the storage
+    budget)."""
     require_hivemind()
-    from swarmlm.sapo.transports.hivemind.record_validators import CountingSignatureValidator, SwarmRecordValidator
+    from swarmlm.sapo.transports.hivemind.record_validators import (DIGEST_CHARGE, CountingSignatureValidator,
+                                                                    SwarmRecordValidator)
 
     rules = SwarmRecordValidator(run, clock, back_rounds=back_rounds, max_value_bytes=max_value_bytes, max_ttl=max_ttl,
-                                 budget=RoundBudget(round_bytes, identity.peer_id))
+                                 budget=RoundBudget(round_bytes, identity.peer_id),
+                                 digest_budget=RoundBudget(max(64 * DIGEST_CHARGE, round_bytes // 32),
+                                                           identity.peer_id))
     _VALIDATORS[token] = rules
     return [CountingSignatureValidator(identity.private_key, rules), rules]
 
@@ -97,4 +108,4 @@ def set_trusted(token: str, peers: list[str]) -> None:
     """The peers this node accepted records from recently: the storage budget keeps their messages first."""
     validator = _VALIDATORS.get(token)
     if validator is not None:
-        validator.budget.trusted = set(peers)
+        validator.budget.trusted = validator.digest_budget.trusted = set(peers)
