@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     objects = [r["python_objects"] for r in rows[warmup:]]
     result = {
         "settings": {k: v for k, v in vars(args).items()},
-        "wall_s": wall, "rounds": len(rows), "warmup": warmup,
+        "wall_seconds": wall, "rounds": len(rows), "warmup": warmup,
         "rss": rss, "peak_rss": peak,
         "python_objects": {"after_warmup": objects[0], "final": objects[-1], "growth": objects[-1] - objects[0]},
         "passed": rss["passed"] and peak["passed"],
@@ -218,7 +218,7 @@ def plot(rows: list[dict[str, Any]], warmup: int, path: Path, title: str = "") -
 
 def summary_line(result: dict[str, Any]) -> str:
     rss, peak = result["rss"], result["peak_rss"]
-    return (f"{'PASS' if result['passed'] else 'FAIL'}: {result['rounds']} rounds in {result['wall_s']:.0f} s; after "
+    return (f"{'PASS' if result['passed'] else 'FAIL'}: {result['rounds']} rounds in {result['wall_seconds']:.0f} s; after "
             f"{result['warmup']} warm-up rounds RSS {rss['head_mb']:.1f} -> {rss['tail_mb']:.1f} MB "
             f"(growth {rss['growth_mb']:+.1f} MB, trend {rss['slope_mb_per_round'] * 1000:+.2f} KB/round = "
             f"{rss['trend_growth_mb']:+.1f} MB), peak RSS {peak['at_warmup_mb']:.1f} -> {peak['final_mb']:.1f} MB "

@@ -421,8 +421,16 @@ def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: 
         "sim_s": {name: float(clock[:, -1].max()) for name, clock in clocks.items()},
         "sim_comm_s": {name: float(clock[:, -1].max()) - comm_free[name] for name, clock in clocks.items()},
         "skipped_total": sum(row.get("skipped_total", 0) or 0 for row in last.values()),
-        "wall_s": json.loads(summary.read_text()).get("wall_s") if summary.exists() else None,
+        "wall_seconds": _wall_seconds(summary),
     }
+
+
+def _wall_seconds(summary: Path) -> float | None:
+    """A finished run's wall time from its summary.json (``wall_s`` in runs written before the key was renamed)."""
+    if not summary.exists():
+        return None
+    data = json.loads(summary.read_text())
+    return data.get("wall_seconds", data.get("wall_s"))
 
 
 def _message_bytes(run: TrainConfig, numel: int) -> int:

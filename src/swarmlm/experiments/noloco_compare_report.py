@@ -120,7 +120,8 @@ def cell_table(config, per: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, 
             "sim_comm_s": {k: float(np.mean([r["sim_comm_s"][k] for r in runs])) for k in CLOCKS},
             "bytes_sent_per_rank": float(np.mean([r["bytes_sent_per_rank"] for r in runs])),
             "measured_comm_s": float(np.mean([r["measured_comm_s"] for r in runs])),
-            "wall_s": float(np.mean([r["wall_s"] for r in runs if r["wall_s"] is not None] or [float("nan")])),
+            "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs if r["wall_seconds"] is not None]
+                                          or [float("nan")])),
             "last_model_std_before": _mean_of([r["model_std"][-1]["before"] for r in with_std]),
             "last_model_std_after": _mean_of([r["model_std"][-1]["after"] for r in with_std]),
             "model_std_before_mean": _mean_of([r.get("model_std_mean", {}).get("before") for r in runs]),
@@ -263,7 +264,7 @@ def write_markdown(config, results: dict[str, Any], path: Path) -> None:
     sections = [_md_header(config, results, refs), _md_comparisons(results), _md_final_ppl(results, refs),
                 _md_time_to_target(config, results, refs), _md_time_to_baselines(results, refs), _md_targets(results)]
     lines = [line for section in sections for line in section]
-    lines += ["", f"Total time of this command: {results['wall_s']:.0f} s (runs trained now: {len(results['timings'])})."]
+    lines += ["", f"Total time of this command: {results['wall_seconds']:.0f} s (runs trained now: {len(results['timings'])})."]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -333,7 +334,7 @@ def _md_final_ppl(results: dict[str, Any], refs: list[str]) -> list[str]:
                 + "".join(f"{_ratio(row.get(f'ratio_to_{r}'))} | " for r in refs)
                 + f"{'—' if not rng else f'{rng[0]:.2f} – {rng[1]:.2f}'} | "
                 f"{_std(row['last_model_std_before'])} / {_std(row['last_model_std_after'])} | "
-                f"{_bytes(row['bytes_sent_per_rank'])} | {_secs(row['wall_s'])} |")
+                f"{_bytes(row['bytes_sent_per_rank'])} | {_secs(row['wall_seconds'])} |")
     return lines
 
 
@@ -542,7 +543,7 @@ def write_report(config, numbers: list[dict[str, Any]], calibration: dict[str, A
         "targets": targets(config, table),
         "comparisons": comparisons(config, table),
         "runs": numbers,
-        "wall_s": wall_s,
+        "wall_seconds": wall_s,
         "timings": timings,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -359,7 +359,7 @@ def run_sync_bench(config: SyncBenchConfig, *, progress: bool = True) -> dict[st
         load[str(m)] = {"loadavg_before": before, "loadavg_after": os.getloadavg(), "seconds": round(time.time() - t0, 1)}
     (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     report = build_report(config, records, load)
-    report["wall_s"] = round(time.time() - started, 1)
+    report["wall_seconds"] = round(time.time() - started, 1)
     (out / "sync.json").write_text(json.dumps(report, indent=1))
     write_sync_report(config, report, out)
     return report
@@ -429,5 +429,5 @@ def sync_bench_command(config: SyncBenchConfig) -> int:
     require_matplotlib("swarmlm noloco sync-bench")  # before the launches, not after
     report = run_sync_bench(config)
     print((Path(config.out) / "sync.md").read_text())
-    print(f"wrote {config.out}/sync.md, {config.out}/sync.png, {config.out}/sync.json ({report['wall_s']} s)")
+    print(f"wrote {config.out}/sync.md, {config.out}/sync.png, {config.out}/sync.json ({report['wall_seconds']} s)")
     return 0

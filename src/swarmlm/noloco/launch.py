@@ -61,7 +61,7 @@ def write_train_summary(config: TrainConfig, results: dict[int, Any] | None, wor
         "outer_every": config.outer.every if config.method != "ddp" else None,
         "val_loss_mean": mean_loss, "val_ppl_mean_loss": math.exp(mean_loss) if mean_loss is not None else None,
         "val_ppl_rank0": ranks.get("rank-0", {}).get("val_ppl"),
-        "wall_s": round(wall_s, 1), "backend": config.backend, "ranks": ranks,
+        "wall_seconds": round(wall_s, 1), "backend": config.backend, "ranks": ranks,
     }
     sims = [r["sim_s"] for r in ranks.values() if r.get("sim_s") is not None]
     if sims:  # the in-process backend's simulated wall-clock: the run ends with its slowest replica
@@ -199,7 +199,7 @@ def train_command(config: TrainConfig) -> int:
     print(f"{summary['method']} M={summary['replicas']}{' S=' + str(summary['stages']) if 'stages' in summary else ''} "
           f"steps={summary['steps']}: "
           f"validation loss {summary['val_loss_mean']:.4f} (mean over replicas), "
-          f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_s']}s"
+          f"perplexity {summary['val_ppl_mean_loss']:.3f}; wall {summary['wall_seconds']}s"
           + (f", simulated {summary['sim_s']:.1f}s" if summary.get("sim_s") is not None else "")
           + f" -> {config.out}/summary.json")
     return 0
