@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:  # in lockstep, as `sapo simulate` runs them: all publish, then all learn
                 played = [(n, n.play(t)) for n in nodes]
                 for n, own in played:
-                    n.learn(own, t0)
+                    n.learn(own)
             settle()
             rss = current_rss_bytes()  # the kernel's peak can lag the current reading a little: keep the larger
             rows.append({"round": t, "rss_mb": rss / MB, "peak_rss_mb": max(rss, peak_rss_bytes()) / MB,

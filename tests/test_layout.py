@@ -178,3 +178,16 @@ def test_the_noloco_loop_holds_no_measurement():
     assert "tqdm" not in _modules()["swarmlm.noloco.replica"].read_text()
     members = {name for name in vars(Communicator) if not name.startswith("_")}
     assert members == {"exchange", "all_reduce_mean_", "gather_objects", "agree_stop", "heartbeat", "finish"}
+
+
+def test_the_sapo_node_holds_no_measurement():
+    """A SAPO node does the method only: no timer and no metrics writer. Its hooks hear of each part of the round
+    (swarmlm.sapo.hooks) and its observer (swarmlm.sapo.observer) times them, evaluates and writes the metrics."""
+    graph = import_graph()
+    node = ast.parse(_modules()["swarmlm.sapo.node"].read_text())
+    stdlib = {alias.name for n in ast.walk(node) if isinstance(n, ast.Import) for alias in n.names}
+    stdlib |= {n.module for n in ast.walk(node) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {"time"} & stdlib
+    assert not {"swarmlm.runtime.metrics"} & graph["swarmlm.sapo.node"]
+    assert "swarmlm.runtime.metrics" in graph["swarmlm.sapo.observer"]
+

@@ -44,9 +44,9 @@ def test_smollm2_at_the_defaults_gets_the_format_and_a_nonzero_pass1(tmp_path):
     try:
         assert node.lr == PRETRAINED_LR
         assert node.tokenizer.chat_template  # the prompt is still the model's chat template
-        node.evaluate_start()  # held-out greedy pass@1 before any update: the round-0 row
+        node.start()  # held-out greedy pass@1 before any update: the round-0 row
         row = node.run_round(1)
-        (start_row,) = [r for r in node.metrics.records() if r.get("round") == 0]
+        (start_row,) = [r for r in node.observer.records() if r.get("round") == 0]
     finally:
         node.close()
     assert row["format_rate"] >= 0.9, row

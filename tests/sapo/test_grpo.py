@@ -702,7 +702,7 @@ def test_node_shuffle_advantages_trains_the_same_advantages_on_other_completions
     rewards = [[1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]]
     completions = [[[10 + i] for i in range(8)], [[30 + i] for i in range(8)]]
     own = OwnRollouts(round=3, generated=[Generated([1, 2], ids, ["x"] * 8, [True] * 8) for ids in completions],
-                      scores=rewards, gen_seconds=0.0, gen_tokens=0)
+                      scores=rewards)
     record = RolloutRecord("node-1", 3, 0, "chain_sum", "q", None, ["y"] * 8, "tiny-qwen2")
     external = [ScoredGroup(record, [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0], prompt="What is 1 + 1?",
                             completion_ids=[[50 + i] for i in range(8)])]
@@ -755,7 +755,7 @@ def test_own_baseline_trains_a_peers_all_right_group_on_a_family_this_node_fails
     own_rewards = [[0.1] * 8, [1.1, 0.1, 1.1, 0.1, 0.1, 0.1, 0.1, 0.1]]  # products all wrong; chain_sum 2 of 8
     own = OwnRollouts(round=3, generated=[Generated([1, 2], [[10 + i] for i in range(8)], ["<answer>9</answer>"] * 8,
                                                     [True] * 8)] * 2,
-                      scores=[[0.0] * 8, [1.0, 0, 1.0, 0, 0, 0, 0, 0]], gen_seconds=0.0, gen_tokens=0,
+                      scores=[[0.0] * 8, [1.0, 0, 1.0, 0, 0, 0, 0, 0]],
                       families=["products", "chain_sum"])
 
     def group(family, rewards):

@@ -7,11 +7,13 @@ A round has two halves so that a driver can interleave many nodes:
   node's verifier and publishes the records;
 * :meth:`SAPONode.learn` collects the other nodes' records, checks, regenerates and re-scores them
   (:class:`~swarmlm.sapo.intake.PeerIntake`), picks J external groups, takes one GRPO update on the I + J
-  groups (:mod:`swarmlm.sapo.update`), evaluates, logs and checkpoints.
+  groups (:mod:`swarmlm.sapo.update`) and checkpoints; its hooks (:mod:`swarmlm.sapo.hooks`) hear of each part,
+  and its observer evaluates and logs.
 
 Every score, the node's own completions' included, comes from the node's
 :class:`~swarmlm.verify.verifier.Verifier`: safe scorers in bounded worker processes. The node owns its I/O
-(transport, metrics, checkpoints) and its evaluation; the update is :class:`~swarmlm.sapo.update.GRPOUpdate`'s.
+(transport, checkpoints) and its evaluation; the update is :class:`~swarmlm.sapo.update.GRPOUpdate`'s, the
+measurements :class:`~swarmlm.sapo.observer.NodeObserver`'s.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from collections import Counter
+from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,6 @@ import torch
 from swarmlm.models import PRESETS, load_model
 from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state, save_checkpoint
 from swarmlm.runtime.devices import DTYPES, resolve_device
-from swarmlm.runtime.metrics import MetricsWriter
 from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
 from swarmlm.sapo.engines import make_engine
@@ -40,10 +42,12 @@ from swarmlm.sapo.grpo import (
     group_advantages,
     permuted_within_groups,
 )
+from swarmlm.sapo.hooks import NodeHook
 from swarmlm.sapo.intake import PeerIntake, question_stream
+from swarmlm.sapo.observer import NodeObserver
 from swarmlm.sapo.records import DropCounter, RolloutRecord, round_message
 from swarmlm.sapo.rollouts import OwnRollouts
-from swarmlm.sapo.round_metrics import RoundOutcome, mean_reward, round_record
+from swarmlm.sapo.round_metrics import RoundOutcome, mean_reward
 from swarmlm.sapo.selection import ScoredGroup, select_external
 from swarmlm.sapo.transports.base import RolloutTransport
 from swarmlm.sapo.update import GRPOUpdate
@@ -130,11 +134,13 @@ class SAPONode:
 
     ``swarm`` names the swarm (the same on every node of it): with the node id it names the node's question
     stream, which receivers check records against. ``verifier`` may be shared by nodes of one process with the
-    same task config (the node starts its own otherwise, and closes only that one)."""
+    same task config (the node starts its own otherwise, and closes only that one). Its hooks
+    (:mod:`swarmlm.sapo.hooks`) hear of each round; the first is always its :class:`~swarmlm.sapo.observer.NodeObserver`
+    (evaluations, timings, ``metrics.jsonl``), then any given."""
 
     def __init__(self, config: SAPOConfig, node_index: int, transport: RolloutTransport, out_dir: str | Path,
                  initial_model: str, *, resume: bool = True, tensorboard: bool = True, swarm: str | None = None,
-                 verifier: Verifier | None = None):
+                 verifier: Verifier | None = None, hooks: Iterable[NodeHook] = ()):
         self.config = config
         self.index = node_index
         self.transport = transport
@@ -186,7 +192,9 @@ class SAPONode:
             tokenizer=self.tokenizer, max_new_tokens=config.generation.max_new_tokens,
             staleness_rounds=config.sharing.staleness_rounds, future_rounds=transport.future_rounds,
             round_seconds=config.tasks.verifier.round_seconds, drops=self.drops, rng=self.rng)
-        self.metrics = MetricsWriter(self.out_dir, step_key="round", resume_from=self.round, tensorboard=tensorboard)
+        self.observer = NodeObserver(self.out_dir, resume_from=self.round, eval_every=config.eval_every,
+                                     rounds=config.rounds, tensorboard=tensorboard)
+        self.hooks: list[NodeHook] = [self.observer, *hooks]
 
     # ------------------------------------------------------------------ helpers
     def _prompt_ids(self, questions: list[str]) -> list[list[int]]:
@@ -259,16 +267,15 @@ class SAPONode:
         # the round's samples depend on neither other nodes' work nor the timing: on the node's seed and its local
         # and global rounds (a node resumed from a checkpoint replays local rounds, but in new global rounds)
         torch.manual_seed((self.seed * 100_003 + round) * 1_000_003 + global_round % 1_000_003)
-        started = time.perf_counter()
-        generated = self.engine.generate(
-            self._prompt_ids([q.question for q in questions]),
-            num_completions=g.group_size, max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
-        gen_seconds = time.perf_counter() - started
+        for hook in self.hooks:
+            hook.round_begins(round)
+        with self._phase("generate"):
+            generated = self.engine.generate(
+                self._prompt_ids([q.question for q in questions]), num_completions=g.group_size,
+                max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_batch=g.max_batch)
         # gen.texts decode exactly the ids that are trained (cut at EOS and max_new_tokens): they are what is scored
         scores = self._score_own(questions, [gen.texts for gen in generated])
-        own = OwnRollouts(round, generated, scores, gen_seconds,
-                          gen_tokens=sum(len(c) + f for gen in generated for c, f in zip(gen.completion_ids, gen.finished)),
-                          global_round=global_round, families=[q.family for q in questions])
+        own = OwnRollouts(round, generated, scores, global_round=global_round, families=[q.family for q in questions])
         for q, gen in zip(questions, generated):
             self.intake.remember_own(q.provenance, gen.texts, global_round)
         records = [RolloutRecord(self.node_id, global_round, first_slot + k, q.family, q.question, q.provenance,
@@ -278,23 +285,28 @@ class SAPONode:
         kept = self._round_records[1]
         kept.extend(records)  # the round's message grows with each step taken within it
         del kept[:-self.config.sharing.limits.max_records_per_message]
-        started = time.perf_counter()
-        self.transport.publish(own.global_round, round_message(self._round_records[1], self.config.sharing.limits))
-        own.transport_seconds = time.perf_counter() - started
+        with self._phase("publish"):
+            self.transport.publish(own.global_round, round_message(self._round_records[1], self.config.sharing.limits))
         return own
+
+    def _phase(self, name: str) -> ExitStack:
+        """Every hook's :meth:`~swarmlm.sapo.hooks.NodeHook.phase` around a part of the round."""
+        stack = ExitStack()
+        for hook in self.hooks:
+            stack.enter_context(hook.phase(name))
+        return stack
 
     # ------------------------------------------------------------------ round, second half
     def collect_external(self, round: int) -> tuple[list[ScoredGroup], dict[str, Any]]:
         """Other nodes' valid records for ``round``, checked and re-scored by this node (:class:`PeerIntake`)."""
         round = self.transport.global_round(round)
         before = self.drops.total()  # the transport may count drops of its own while collecting
-        started = time.perf_counter()
-        messages = self.transport.collect(round, self.config.sharing.collect_timeout)
-        seconds = time.perf_counter() - started
+        with self._phase("collect"):
+            messages = self.transport.collect(round, self.config.sharing.collect_timeout)
         pool = self.intake.accept(messages, round, self._external_training_rewards)
         info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
                 "accepted_sources": dict(Counter(g.record.node_id for g in pool)),
-                "records_dropped": self.drops.total() - before, "transport_seconds": seconds,
+                "records_dropped": self.drops.total() - before,
                 "records_received": self.intake.last_received, "verify_seconds": self.intake.last_seconds}
         return pool, info
 
@@ -361,49 +373,42 @@ class SAPONode:
         return {"eval_pass1": sum(map(sum, right.values())) / len(scores),
                 "eval_by_family": {f: sum(v) / len(v) for f, v in sorted(right.items())}}
 
-    def evaluate_start(self) -> None:
-        """Log held-out pass@1 before any update as the ``round: 0`` row, so that every run shows its starting
-        point (once: a resumed run has it already)."""
-        if self.round > 0 or any(r.get("round") == 0 for r in self.metrics.records()):
-            return
-        self.metrics.log({"round": 0, "node": self.node_id, **self.evaluate(), "cumulative_reward_own": 0.0})
+    def start(self) -> None:
+        """Tell the hooks the node is about to play (its observer logs held-out pass@1 before any update as the
+        ``round: 0`` line, once: a resumed run has it already)."""
+        for hook in self.hooks:
+            hook.started(self)
 
-    def learn(self, own: OwnRollouts, round_started: float) -> dict[str, Any]:
-        """Collect, select, update, evaluate, log; returns the round's metrics."""
+    def learn(self, own: OwnRollouts) -> dict[str, Any]:
+        """Collect, select, update, checkpoint; returns the round's metrics line (the observer's)."""
         round = own.round
         if self.config.external > 0:
             pool, info = self.collect_external(round)
         else:
-            pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "transport_seconds": 0.0,
-                              "records_received": 0, "accepted_sources": {}, "verify_seconds": 0.0}
+            pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "records_received": 0,
+                              "accepted_sources": {}, "verify_seconds": 0.0}
         own_training_rewards = self._own_training_rewards(own)
         measured = self._external_advantages(own)
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng, measured)
         samples = self._samples(own, own_training_rewards, chosen, measured)
-        started = time.perf_counter()
-        train_stats = self.update(samples, round)
-        train_seconds = time.perf_counter() - started
+        with self._phase("update"):
+            train_stats = self.update(samples, round)
         own_rewards = [self.task_rewards(s) for s in own.scores]
         self.cumulative_reward_own += mean_reward(own_rewards)
         self.round = round
-        cfg = self.config
-        is_last = round == cfg.rounds
-        do_eval = is_last or (cfg.eval_every > 0 and round % cfg.eval_every == 0)
-        record = round_record(RoundOutcome(
+        outcome = RoundOutcome(
             node_id=self.node_id, own=own, own_rewards=own_rewards, own_training_rewards=own_training_rewards,
-            pool=pool, chosen=chosen, intake=info, train=train_stats,
-            evaluation=self.evaluate() if do_eval else {"eval_pass1": None}, lr=self.optimizer.param_groups[0]["lr"],
+            pool=pool, chosen=chosen, intake=info, train=train_stats, lr=self.optimizer.param_groups[0]["lr"],
             drops=dict(self.drops.counts), own_unscored=dict(self.own_unscored), transport=self.transport.stats(),
-            train_seconds=train_seconds, round_seconds=time.perf_counter() - round_started,
-            cumulative_reward_own=self.cumulative_reward_own, task_rewards=self.task_rewards))
-        self.metrics.log(record)
-        if round % cfg.checkpoint_every == 0 or is_last:
+            cumulative_reward_own=self.cumulative_reward_own, task_rewards=self.task_rewards)
+        for hook in self.hooks:
+            hook.round_done(self, outcome)
+        if round % self.config.checkpoint_every == 0 or round == self.config.rounds:
             self.checkpoint()
-        return record
+        return self.observer.last
 
     def run_round(self, round: int) -> dict[str, Any]:
-        started = time.perf_counter()
-        return self.learn(self.play(round), started)
+        return self.learn(self.play(round))
 
     # ------------------------------------------------------------------ persistence
     def checkpoint(self) -> Path:
@@ -413,7 +418,8 @@ class SAPONode:
                                optimizer=self.optimizer, state=state, keep=self.config.keep_checkpoints)
 
     def close(self) -> None:
-        self.metrics.close()
+        for hook in self.hooks:
+            hook.close()
         self.engine.close()
         if self._owns_verifier:
             self.verifier.close()

@@ -15,8 +15,5 @@ class OwnRollouts:
     round: int
     generated: list[Generated]
     scores: list[list[float]]  # the task's scores of each group's completions (before ``grpo.reward``)
-    gen_seconds: float
-    gen_tokens: int
-    transport_seconds: float = 0.0
     global_round: int | None = None  # the swarm-wide round its records were published under
     families: list[str] = field(default_factory=list)  # each group's task family

@@ -1,8 +1,9 @@
 """The metrics line of one SAPO round, computed from what the round did.
 
 The node reports the round's outcome (:class:`RoundOutcome`: its own rollouts and their rewards, the pool of
-peers' groups and those chosen, the update's statistics, the evaluation) and :func:`round_record` turns it into
-the line ``metrics.jsonl`` and TensorBoard get: the round's algorithm does not compute its own measurements.
+peers' groups and those chosen, the update's statistics) and its observer (:mod:`swarmlm.sapo.observer`) adds the
+evaluation and the times (:class:`RoundTimes`); :func:`round_record` turns them into the line ``metrics.jsonl``
+and TensorBoard get: the round's algorithm does not compute its own measurements.
 """
 
 from __future__ import annotations
@@ -29,20 +30,31 @@ class RoundOutcome:
     chosen: list[ScoredGroup]  # those it trained on
     intake: dict[str, Any]  # the collect's counts and times (peers heard, records accepted, ...)
     train: dict[str, Any]  # the update's statistics
-    evaluation: dict[str, Any]  # held-out pass@1 where the round evaluated, else {"eval_pass1": None}
     lr: float
     drops: dict[str, int]  # records dropped so far, by reason
     own_unscored: dict[str, int]  # own completions the verifier could not score, by reason
     transport: dict[str, Any]  # the transport's own statistics
-    train_seconds: float
-    round_seconds: float
     cumulative_reward_own: float
     task_rewards: Callable[[list[float]], list[float]]  # scores -> task rewards (grpo.reward)
 
 
-def round_record(outcome: RoundOutcome) -> dict[str, Any]:
-    """The round's metrics line (the keys every report reads)."""
+@dataclass
+class RoundTimes:
+    """Seconds the round spent in each part (:meth:`swarmlm.sapo.hooks.NodeHook.phase`), and in all."""
+
+    generate: float
+    publish: float
+    collect: float
+    update: float
+    round: float
+
+
+def round_record(outcome: RoundOutcome, evaluation: dict[str, Any], times: RoundTimes) -> dict[str, Any]:
+    """The round's metrics line (the keys every report reads); ``evaluation``: held-out pass@1 where the round
+    evaluated, else ``{"eval_pass1": None}``."""
     own = outcome.own
+    # the tokens generated: each completion's, and its EOS where it ended
+    gen_tokens = sum(len(c) + f for gen in own.generated for c, f in zip(gen.completion_ids, gen.finished))
     answered = [[extract_answer(t) is not None for t in gen.texts] for gen in own.generated]
     completions = [c for gen in own.generated for c in gen.completion_ids]
     n = max(1, len(completions))
@@ -53,7 +65,7 @@ def round_record(outcome: RoundOutcome) -> dict[str, Any]:
         "reward_own": mean_reward(outcome.own_rewards),
         "reward_external": mean_task_reward(outcome.chosen, outcome.task_rewards),
         "reward_external_pool": mean_task_reward(outcome.pool, outcome.task_rewards),
-        **outcome.evaluation,
+        **evaluation,
         **outcome.train,
         "lr": outcome.lr,
         "external_used": len(outcome.chosen),
@@ -61,7 +73,7 @@ def round_record(outcome: RoundOutcome) -> dict[str, Any]:
         "global_round": own.global_round,
         "external_pool": len(outcome.pool),
         **info,
-        "transport_seconds": info["transport_seconds"] + own.transport_seconds,
+        "transport_seconds": times.collect + times.publish,
         "drops": outcome.drops,
         "own_unscored": outcome.own_unscored,
         "format_rate": sum(map(sum, answered)) / n,
@@ -70,10 +82,10 @@ def round_record(outcome: RoundOutcome) -> dict[str, Any]:
         "truncated_rate": sum(not f for gen in own.generated for f in gen.finished) / n,
         "zero_adv_groups": sum(map(is_zero_advantage, outcome.own_training_rewards)) / max(1, len(own.scores)),
         "by_family": family_stats(own, outcome.own_rewards, answered),
-        "tokens_per_s": own.gen_tokens / own.gen_seconds if own.gen_seconds > 0 else None,
-        "gen_seconds": own.gen_seconds,
-        "train_seconds": outcome.train_seconds,
-        "round_seconds": outcome.round_seconds,
+        "tokens_per_s": gen_tokens / times.generate if times.generate > 0 else None,
+        "gen_seconds": times.generate,
+        "train_seconds": times.update,
+        "round_seconds": times.round,
         "cumulative_reward_own": outcome.cumulative_reward_own,
         **outcome.transport,
     }

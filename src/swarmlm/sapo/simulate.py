@@ -39,7 +39,7 @@ def _run_in_process(config: SimulateConfig, initials: list[str], progress: bool)
     completed = True
     try:
         for n in nodes:
-            n.evaluate_start()
+            n.start()
         start = min(n.round for n in nodes) + 1
         bar = tqdm(range(start, config.rounds + 1), desc="sapo rounds", unit="round", disable=not progress,
                    initial=start - 1, total=config.rounds)
@@ -47,9 +47,8 @@ def _run_in_process(config: SimulateConfig, initials: list[str], progress: bool)
             for t in bar:
                 playing = [n for n in nodes if n.round < t]  # a node resumed ahead of the others waits
                 hub.num_nodes = len(playing)
-                started = time.perf_counter()
                 rollouts = [(n, n.play(t)) for n in playing]
-                records = [n.learn(own, started) for n, own in rollouts]
+                records = [n.learn(own) for n, own in rollouts]
                 bar.set_postfix(reward=f"{sum(r['reward_own'] for r in records) / len(records):.3f}")
                 if stop.requested and t < config.rounds:
                     for n in nodes:
@@ -77,7 +76,7 @@ def torch_worker(config_json: str, initials: list[str]) -> int:
     node = SAPONode(config.node_config(rank), rank, TorchDistributedTransport(), node_dir(config.out, rank),
                     initials[rank])
     try:
-        node.evaluate_start()
+        node.start()
         bar = tqdm(range(node.round + 1, config.rounds + 1), desc="sapo rounds", unit="round", disable=rank != 0,
                    initial=node.round, total=config.rounds)
         for t in bar:

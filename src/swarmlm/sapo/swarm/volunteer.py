@@ -99,7 +99,7 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
         node = SAPONode(config, index, transport, out, initial, swarm=swarm.run)
         transport.drops = node.drops  # the DHT's refusals are counted with the node's own drops
         transport.trusted = node.intake.standing.recent  # the DHT keeps known peers' messages before new identities
-        node.evaluate_start()  # the round-0 row
+        node.start()  # the round-0 row
         # the node joins once it can train: a peer that others know is a peer about to publish, so that their
         # start_peers wait ends when this node is ready, not while it still loads or evaluates its model
         transport.start()
