@@ -313,3 +313,36 @@ def test_update_speed_trains_every_sample(tmp_path, precision):
     result = json.loads(out.read_text())
     assert result["trained_samples"] == 1.0 and result["samples"] == 4 and result["samples_per_s"] > 0
     assert result["bf16"] == (precision == "bfloat16") and len(result["update_s_all"]) == 1
+
+
+# ----------------------------------------------------------------------------- precision learning
+def _experiment(root: Path, evals: dict[int, list[float]], train_seconds: float) -> Path:
+    """An experiment directory of configuration 8/0 in the layout `swarmlm sapo experiment` writes: seed -> the
+    pass@1 of node-0 and node-1 at rounds 0 and 2."""
+    for seed, (first, last0, last1) in evals.items():
+        for node, last in (("node-0", last0), ("node-1", last1)):
+            rows = [{"round": 0, "eval_pass1": first, "cumulative_reward_own": 0.0},
+                    {"round": 1, "train_seconds": train_seconds, "gen_seconds": 1.0, "format_rate": 0.9,
+                     "cumulative_reward_own": 0.5},
+                    {"round": 2, "train_seconds": train_seconds, "gen_seconds": 1.0, "format_rate": 1.0,
+                     "cumulative_reward_own": 1.0 + last, "eval_pass1": last}]
+            path = root / "runs" / "8-0" / f"seed-{seed}" / node / "metrics.jsonl"
+            path.parent.mkdir(parents=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_precision_learning_pairs_nodes_and_averages_per_seed(tmp_path):
+    precision = _load("precision_learning")
+    base = _experiment(tmp_path / "fp32", {0: (0.4, 0.5, 0.7), 1: (0.4, 0.6, 0.6)}, train_seconds=4.0)
+    alt = _experiment(tmp_path / "bf16", {0: (0.4, 0.5, 0.5), 1: (0.4, 0.7, 0.7), 2: (0.4, 0.9, 0.9)}, train_seconds=2.0)
+    out = tmp_path / "cmp.json"
+    result = precision.main([str(base), str(alt), "--config", "8/0", "--out", str(out)])
+    assert json.loads(out.read_text())["pairs"] == 4 and result["seeds"] == [0, 1]  # seed 2 has no baseline
+    last = result["eval_pass1"]["2"]
+    assert last["baseline"] == pytest.approx(0.6) and last["option"] == pytest.approx(0.6)
+    # per seed: seed 0 -0.1 (mean of 0 and -0.2), seed 1 +0.1; mean 0, interval t(1) * stdev / sqrt(2)
+    assert last["difference"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert last["difference"]["ci95"] == pytest.approx(12.706 * math.sqrt(0.02) / math.sqrt(2))
+    assert result["train_seconds_mean"] == {"baseline": 4.0, "option": 2.0}
+    assert result["min_format_rate"] == {"baseline": 0.9, "option": 0.9}

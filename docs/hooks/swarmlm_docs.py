@@ -13,6 +13,7 @@ The module is plain Python (no MkDocs import at module level), so the tests can 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 import types
@@ -382,6 +383,15 @@ def noloco_headline() -> str:
     return "\n".join(lines)
 
 
+def precision_learning(name: str) -> str:
+    """A speed option against its baseline, paired node by node (``benchmarks/precision_learning.py``, whose
+    table this is)."""
+    spec = importlib.util.spec_from_file_location("precision_learning", ROOT / "benchmarks" / "precision_learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.table(_load(name))
+
+
 RESULTS: dict[str, Callable[[], str]] = {
     "sapo_default_run": sapo_default_run,
     "sapo_experiment": sapo_experiment,
@@ -408,6 +418,7 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_smollm2_specialists_own_baseline_by_family":
         lambda: sapo_specialists_by_family("sapo_smollm2_specialists_own_baseline"),
     "sapo_experts_answer_likelihood_lr1e3": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_lr1e3"),
+    "sapo_bf16_learning": lambda: precision_learning("sapo_bf16_learning"),
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }

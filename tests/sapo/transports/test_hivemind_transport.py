@@ -256,10 +256,10 @@ class LookupSpy:
         self.fetched: list[tuple[int, str]] = []
         real = t._lookup
 
-        def lookup(dht, keys, deadline, *, latest):
+        def lookup(dht, keys, deadline, **how):
             if "/peer/" in next(iter(keys), ""):
                 self.fetched.extend(keys.values())
-            return real(dht, keys, deadline, latest=latest)
+            return real(dht, keys, deadline, **how)
 
         t._lookup = lookup  # type: ignore[method-assign]
 
