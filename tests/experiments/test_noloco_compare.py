@@ -260,3 +260,26 @@ def test_compare_comparisons(tmp_path):
     assert rows["diloco-hb-2h"]["final_val_ppl"] != rows["diloco-hb"]["final_val_ppl"]
     text = (out / "results.md").read_text()
     assert "The comparisons" in text and "| equal H | noloco / diloco-hb | 2 | 2 |" in text
+
+
+def test_every_training_option_reaches_compare():
+    """A `noloco train` option is either an option of `noloco compare` too (the same name, and in a section the
+    same fields), or set by compare for each run, or named here with the reason it is not one: a new training
+    option fails this test until compare passes it on or says why not."""
+    from swarmlm.experiments.noloco_compare import CompareConfig
+    from swarmlm.noloco.config import TrainConfig
+
+    set_per_run = {
+        "method": "each variant's method", "diloco": "each variant's DiLoCo outer step", "stages": "noloco-pp2",
+        "nproc": "from --replicas", "seed": "from --seeds", "keep_checkpoints": "1", "log": "from --log-every",
+    }
+    not_compared = {
+        "faults": "fault injection is no part of a comparison", "resume": "compare reuses finished runs itself",
+        "stop_after": "a run of a study is trained to its end", "pipeline": "noloco-pp2 takes the training defaults",
+    }
+    train, compare = TrainConfig.model_fields, CompareConfig.model_fields
+    assert set(train) - set(compare) - set(set_per_run) - set(not_compared) == set()
+    for name in set(train) & set(compare):
+        section = train[name].annotation
+        if isinstance(section, type) and hasattr(section, "model_fields"):
+            assert set(section.model_fields) == set(compare[name].annotation.model_fields), name
