@@ -85,24 +85,28 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _ring(x: torch.Tensor, rank: int, world: int, delay, group) -> None:
     chunks = list(torch.tensor_split(x, world))
-    right, left = (rank + 1) % world, (rank - 1) % world
     buffer = torch.empty(chunks[0].numel(), dtype=x.dtype)
-    for s in range(world - 1):  # reduce-scatter: after it, rank r holds the full sum of chunk (r + 1) % world
-        send, recv = chunks[(rank - s) % world], chunks[(rank - s - 1) % world]
+    # reduce-scatter: after it, rank r holds the full sum of chunk (r + 1) % world; then the all-gather
+    _ring_pass(chunks, rank, world, delay, group, buffer, shift=0, reduce=True)
+    _ring_pass(chunks, rank, world, delay, group, buffer, shift=1, reduce=False)
+
+
+def _ring_pass(chunks: list[torch.Tensor], rank: int, world: int, delay, group, buffer: torch.Tensor, *, shift: int,
+               reduce: bool) -> None:
+    """world - 1 steps of the ring: at step s a rank sends chunk (rank - s + shift) to its right neighbour and adds
+    (``reduce``) or copies what its left neighbour sends into chunk (rank - s + shift - 1)."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for s in range(world - 1):
+        send, recv = chunks[(rank - s + shift) % world], chunks[(rank - s + shift - 1) % world]
         delay(_nbytes(send))
         ops = [dist.P2POp(dist.isend, send.clone(), right, group=group),
                dist.P2POp(dist.irecv, buffer[:recv.numel()], left, group=group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        recv.add_(buffer[:recv.numel()])
-    for s in range(world - 1):  # all-gather
-        send, recv = chunks[(rank - s + 1) % world], chunks[(rank - s) % world]
-        delay(_nbytes(send))
-        ops = [dist.P2POp(dist.isend, send.clone(), right, group=group),
-               dist.P2POp(dist.irecv, buffer[:recv.numel()], left, group=group)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        recv.copy_(buffer[:recv.numel()])
+        if reduce:
+            recv.add_(buffer[:recv.numel()])
+        else:
+            recv.copy_(buffer[:recv.numel()])
 
 
 def _tree(x: torch.Tensor, rank: int, world: int, delay, group) -> None:
