@@ -192,6 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--update-precision", default="float32", choices=["float32", "bfloat16", "auto"],
                     help="the node's --grpo.precision (bf16 autocast of the update's passes); TRL keeps --dtype")
+    ap.add_argument("--generation-precision", default="float32", choices=["float32", "bfloat16", "auto"],
+                    help="the node's --generation.precision (decoding with a bf16 copy of the weights; the node's bound "
+                         "is then stated for bf16); TRL keeps --dtype")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="the node's generation engine")
     ap.add_argument("--lr", type=float, default=1e-6)
@@ -256,12 +259,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = SAPOConfig(
         model={"name": str(model_dir), "device": args.device, "dtype": args.dtype, "warmstart": "never"},
         generation={"group_size": L, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                    "max_batch": args.max_batch, **({"engine": args.engine} if args.engine != "hf" else {})},
+                    "max_batch": args.max_batch, "precision": args.generation_precision,
+                    **({"engine": args.engine} if args.engine != "hf" else {})},
         grpo={"lr": args.lr, "micro_batch_size": args.micro_batch_size, "precision": args.update_precision},
         local=I, external=0, rounds=10 ** 6, eval_every=0, checkpoint_every=10 ** 6, seed=args.seed,
     )
     node = SAPONode(config, 0, InProcessHub(1).endpoint("node-0"), work / "node", str(model_dir), resume=False)
     shape = ModelShape.of(node.model)
+    decoder = getattr(node.engine, "decoder", node.model)  # the weights the node decodes with (a bf16 copy, or the model)
+    decode_shape, decode_dtype = ModelShape.of(decoder), next(decoder.parameters()).dtype
+    decode_matmul = measure_matmul(device, decode_dtype) if decode_dtype != dtype else None
 
     # the node's own question stream, replayed for TRL: TRL's step k sees the questions of the node's round k
     stream = TaskSource(config.tasks, stream=node.tasks.stream)
@@ -311,6 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # the bound takes the better of the rates measured before and after the runs (the machine may be shared)
     bandwidth = max(rates[0], measure_bandwidth(device))
     flops_rate = max(rates[1], measure_matmul(device, dtype))
+    decode_rate = flops_rate if decode_matmul is None else max(decode_matmul, measure_matmul(device, decode_dtype))
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "conditions": {
@@ -322,7 +330,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "hardware": {"memory_bandwidth_GBps": bandwidth / 1e9, "matmul_GFLOPs": flops_rate / 1e9,
                      "param_MB": shape.param_bytes / 1e6, "matmul_params_M": shape.matmul_params / 1e6,
                      "kv_KB_per_token": shape.kv_bytes_per_token / 1e3},
-        "swarmlm": {**summarize(sapo_samples), **_bound_summary(shape, sapo_samples, bandwidth, flops_rate)},
+        "swarmlm": {**summarize(sapo_samples), **_bound_summary(decode_shape, sapo_samples, bandwidth, decode_rate),
+                    "decode_dtype": str(decode_dtype).removeprefix("torch."), "decode_matmul_GFLOPs": decode_rate / 1e9},
         "raw": {"swarmlm": [vars(s) | {"rows": None} for s in sapo_samples]},
     }
     if trl_samples:

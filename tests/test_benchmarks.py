@@ -70,6 +70,16 @@ def test_throughput_benchmark_runs_both_sides(throughput, tmp_path, capsys):
     assert "| generation tokens/s |" in capsys.readouterr().out
 
 
+def test_throughput_benchmark_decoding_in_bf16_states_its_bound_for_bf16(throughput, tmp_path):
+    result = throughput.main(["--local", "2", "--group-size", "2", "--max-new-tokens", "4", "--repeats", "1",
+                              "--warmup", "0", "--threads", "1", "--no-trl", "--generation-precision", "bfloat16",
+                              "--out", str(tmp_path / "bf16.md")])
+    ours = result["swarmlm"]
+    assert ours["decode_dtype"] == "bfloat16" and ours["decode_matmul_GFLOPs"] > 0
+    assert ours["generation_tokens_per_s"] > 0 and 0 < ours["fraction_of_bound"]
+    assert "trl" not in result
+
+
 def test_decoding_bound_by_hand(throughput):
     shape = throughput.ModelShape(param_bytes=1000, matmul_params=100, layers=2, heads=2, kv_heads=1, head_dim=4,
                                   dtype_bytes=4)

@@ -803,15 +803,17 @@ def test_bf16_update_keeps_float32_weights_and_nearly_the_float32_step(tmp_path)
 def test_precision_auto_is_bf16_only_where_the_device_computes_it_natively(monkeypatch, caplog):
     import logging
 
-    import swarmlm.sapo.update as update
+    import swarmlm.runtime.devices as devices
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(update, "native_bf16", lambda device: True)
-    assert update.update_in_bf16("auto", cpu) and update.update_in_bf16("bfloat16", cpu)
-    assert not update.update_in_bf16("float32", cpu)
-    monkeypatch.setattr(update, "native_bf16", lambda device: False)
-    monkeypatch.setattr(update, "_FELL_BACK", set())
-    with caplog.at_level(logging.INFO, logger="swarmlm.sapo.update"):
-        assert not update.update_in_bf16("auto", cpu) and not update.update_in_bf16("auto", cpu)
-    assert sum("does not compute in bf16 natively" in r.message for r in caplog.records) == 1  # said once
-    assert update.update_in_bf16("bfloat16", cpu)  # asked for, it is used (emulated where not native)
+    monkeypatch.setattr(devices, "native_bf16", lambda device: True)
+    assert devices.use_bf16("auto", cpu, "grpo.precision") and devices.use_bf16("bfloat16", cpu, "grpo.precision")
+    assert not devices.use_bf16("float32", cpu, "grpo.precision")
+    monkeypatch.setattr(devices, "native_bf16", lambda device: False)
+    monkeypatch.setattr(devices, "_FELL_BACK", set())
+    with caplog.at_level(logging.INFO, logger="swarmlm.runtime.devices"):
+        assert not devices.use_bf16("auto", cpu, "grpo.precision") and not devices.use_bf16("auto", cpu, "grpo.precision")
+        assert not devices.use_bf16("auto", cpu, "generation.precision")
+    said = [r.message for r in caplog.records if "does not compute in bf16 natively" in r.message]
+    assert len(said) == 2 and "grpo.precision" in said[0] and "generation.precision" in said[1]  # once per option
+    assert devices.use_bf16("bfloat16", cpu, "grpo.precision")  # asked for, it is used (emulated where not native)

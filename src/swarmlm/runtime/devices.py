@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,6 +45,24 @@ def native_bf16(device: torch.device) -> bool:
     except OSError:
         return False
     return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def use_bf16(precision: str, device: torch.device, option: str) -> bool:
+    """Whether a part that ``option`` sets to ``precision`` (float32, bfloat16 or auto) computes in bf16 on
+    ``device``: auto = where the device computes bf16 natively (:func:`native_bf16`), said once in the log per
+    option and device type where it falls back to float32."""
+    if precision == "bfloat16":
+        return True
+    if precision == "auto":
+        if native_bf16(device):
+            return True
+        if (option, device.type) not in _FELL_BACK:
+            _FELL_BACK.add((option, device.type))
+            log.info("%s auto: %s does not compute in bf16 natively; float32 instead", option, device)
+    return False
+
+
+_FELL_BACK: set[tuple[str, str]] = set()
 
 
 def autocast(device: torch.device, enabled: bool):

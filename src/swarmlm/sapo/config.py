@@ -45,6 +45,10 @@ class GenerationSection(StrictModel):
     prompt_style: Literal["auto", "plain", "chat"] = Field("auto", description="chat = the tokenizer's chat template")
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="hf = batched decoding with the training model; vllm = a vLLM engine (GPU, optional install)")
+    precision: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="the hf engine's decoding: with the model as it is, or with a bf16 copy of its weights "
+        "refreshed after every update (half the bytes per decode step); auto = bfloat16 where the device computes in "
+        "bf16 natively. Not yet shown to leave learning unchanged, so not the default")
     vllm_gpu_memory_utilization: float = Field(
         0.3, gt=0, le=1, description="share of GPU memory the vLLM engine may take (the policy's training shares the GPU)")
 

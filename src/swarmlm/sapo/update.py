@@ -32,7 +32,7 @@ import random
 import torch
 from transformers import PreTrainedModel
 
-from swarmlm.runtime.devices import autocast, native_bf16
+from swarmlm.runtime.devices import autocast, use_bf16
 from swarmlm.sapo.batching import TrainSample, micro_batch_order, sample_logprobs
 from swarmlm.sapo.config import GRPOSection
 from swarmlm.sapo.grpo import grpo_loss
@@ -71,23 +71,6 @@ def truncated_external_weights(samples: list[TrainSample], old: list[torch.Tenso
             s.weight = truncated_weight(lp, reference)
 
 
-def update_in_bf16(precision: str, device: torch.device) -> bool:
-    """Whether the update runs its passes under bf16 autocast (``grpo.precision``); ``auto`` says once in the log
-    when it falls back to float32."""
-    if precision == "bfloat16":
-        return True
-    if precision == "auto":
-        if native_bf16(device):
-            return True
-        if device.type not in _FELL_BACK:
-            _FELL_BACK.add(device.type)
-            log.info("grpo.precision auto: %s does not compute in bf16 natively; the update runs in float32", device)
-    return False
-
-
-_FELL_BACK: set[str] = set()
-
-
 class GRPOUpdate:
     """The update of one node's policy (see the module docstring). ``ref_model`` is needed where ``beta`` > 0."""
 
@@ -99,7 +82,7 @@ class GRPOUpdate:
         self.pad_id = pad_id
         self.ref_model = ref_model  # on the policy's device
         self.device = next(model.parameters()).device
-        self.bf16 = update_in_bf16(section.precision, self.device)
+        self.bf16 = use_bf16(section.precision, self.device, "grpo.precision")
 
     @torch.no_grad()
     def logprobs(self, model: PreTrainedModel, samples: list[TrainSample]) -> list[torch.Tensor]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from swarmlm.runtime.devices import use_bf16
 from swarmlm.sapo.engines.base import GenerationEngine
 from swarmlm.sapo.engines.hf import HFEngine
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 def make_engine(section: "GenerationSection", model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> GenerationEngine:
     """The engine ``generation.engine`` names, for this policy."""
     if section.engine == "hf":
-        return HFEngine(model, tokenizer)
+        device = next(model.parameters()).device
+        return HFEngine(model, tokenizer, bf16=use_bf16(section.precision, device, "generation.precision"))
     if section.engine == "vllm":
         from swarmlm.sapo.engines.vllm import VLLMEngine  # optional: raises a clear error where vLLM is absent
 

@@ -19,6 +19,7 @@ generation config says), so that the policy-gradient maths sees the true policy.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -29,18 +30,34 @@ from swarmlm.sapo.prefill import DynamicLayer, cache_argument, prefill
 
 
 class HFEngine(GenerationEngine):
-    """Generation with the training model itself (so its weights are always current): :func:`generate_completions`."""
+    """Generation with the training model itself (so its weights are always current): :func:`generate_completions`.
+
+    With ``bf16`` (``--generation.precision``) it decodes with a bf16 copy of the model's parameters instead (its
+    buffers, the rotary frequencies among them, stay as they are), refreshed from the model after every update
+    (:meth:`sync_weights`): half the bytes read per decode step, and bf16 matrix units where the processor has
+    them. The update still trains the model in its own dtype, on the tokens sampled."""
 
     name = "hf"
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, bf16: bool = False):
         self.model = model
         self.tokenizer = tokenizer
+        self.decoder = model
+        if bf16 and next(model.parameters()).dtype != torch.bfloat16:
+            self.decoder = copy.deepcopy(model).eval().requires_grad_(False)
+            for param in self.decoder.parameters():
+                param.data = param.data.to(torch.bfloat16)
 
     def generate(self, prompt_ids, *, num_completions, max_new_tokens, temperature=1.0, max_batch=64, greedy=False):
-        return generate_completions(self.model, self.tokenizer, prompt_ids, num_completions=num_completions,
+        return generate_completions(self.decoder, self.tokenizer, prompt_ids, num_completions=num_completions,
                                     max_new_tokens=max_new_tokens, temperature=temperature, max_batch=max_batch,
                                     greedy=greedy)
+
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        if self.decoder is not self.model:
+            for mine, theirs in zip(self.decoder.parameters(), self.model.parameters()):
+                mine.copy_(theirs)
 
 
 # ----------------------------------------------------------------------------- the hf engine's decode loop
