@@ -112,20 +112,21 @@ def test_the_sampler_draws_each_token_with_its_probability():
     """Against the exact distribution, over a vocabulary of SmolLM2's size: a peaked row, a flat row and a row
     whose mass sits on its last token; tokens of probability 0 are never drawn."""
     torch.manual_seed(0)
-    vocab, n = 49_152, 20_000
+    vocab, n = 49_152, 2_000
     logits = torch.full((3, vocab), -1e4)
     logits[0, :5] = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
     logits[1] = 0.0
     logits[2, -2:] = torch.tensor([0.0, 2.0])
-    draws = torch.stack([hf._next_tokens(logits, 1.0, greedy=False) for _ in range(n)])  # [n, 3]
+    draws = torch.cat([hf._next_tokens(logits.repeat(500, 1), 1.0, greedy=False).view(500, 3)
+                       for _ in range(n // 500)])  # [n, 3]: 500 copies of each row at a time
     probs = torch.softmax(logits.double(), -1)
     for row in (0, 2):
         empirical = torch.bincount(draws[:, row], minlength=vocab).double() / n
-        assert 0.5 * (empirical - probs[row]).abs().sum().item() < 0.02
+        assert 0.5 * (empirical - probs[row]).abs().sum().item() < 0.04
         assert set(draws[:, row].tolist()) <= set(torch.nonzero(probs[row] > 1e-12).flatten().tolist())
     flat = torch.bincount(draws[:, 1], minlength=vocab).double()
-    assert flat.max().item() <= 6 and (flat > 0).sum().item() > 0.3 * vocab  # spread over the whole vocabulary
-    assert draws[:, 1].min().item() < 100 and draws[:, 1].max().item() > vocab - 100
+    assert flat.max().item() <= 3 and (flat > 0).sum().item() > 0.035 * vocab  # spread over the whole vocabulary
+    assert draws[:, 1].min().item() < 500 and draws[:, 1].max().item() > vocab - 500
 
 
 def test_sampled_completions_are_cut_at_eos(tiny):
