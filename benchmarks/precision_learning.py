@@ -4,7 +4,7 @@ with the option (for example `--grpo.precision bfloat16`) and one without, compa
     python benchmarks/precision_learning.py runs/smollm2-spec runs/smollm2-spec-bf16 --config 8/0 \
         --out docs/results/sapo_bf16_learning.json
 
-For every (seed, node) present in both, it reads each node's ``metrics.jsonl`` and reports held-out pass@1 at every
+For every (seed, node) present in both with as many rounds (a run still going is left out), it reads each node's ``metrics.jsonl`` and reports held-out pass@1 at every
 evaluation, cumulative own reward, the lowest format rate, and the mean seconds of the update (``train_seconds``)
 and of generation per round. The paired difference (option minus baseline) is averaged per seed first (the nodes of
 one run are not independent), then over seeds, with a 95% Student-t interval over the seeds.
@@ -58,7 +58,8 @@ def interval(values: list[float]) -> dict:
 
 def compare(baseline: Path, option: Path, config: str) -> dict:
     base, alt = runs_of(baseline, config), runs_of(option, config)
-    pairs = sorted(set(base) & set(alt))
+    # a run still going (fewer rounds than its twin) is left out
+    pairs = sorted(k for k in set(base) & set(alt) if base[k]["rounds"] == alt[k]["rounds"])
     if not pairs:
         raise SystemExit(f"no (seed, node) run of configuration {config} in both {baseline} and {option}")
     seeds = sorted({s for s, _ in pairs})

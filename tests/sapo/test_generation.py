@@ -300,9 +300,9 @@ def test_vllm_engine_generates_and_follows_weight_updates(tmp_path):
 
 
 def test_bf16_decoding_uses_a_copy_that_follows_weight_updates():
-    """--generation.precision bfloat16: the engine decodes with bf16 parameters (buffers as they were) and the
-    training model stays float32; its greedy completions are those of the model cast to bf16, and after an update
-    they change only once the weights are synced."""
+    """--generation.precision bfloat16: the engine samples with bf16 parameters (buffers as they were) and the
+    training model stays float32; it samples as the model cast to bf16 does, and after an update it changes only
+    once the weights are synced. Greedy decoding (the evaluation) is the float32 model's own."""
     loaded = build_preset("tiny-qwen2", seed=9)
     model, tok = loaded.model, loaded.tokenizer
     engine = HFEngine(model, tok, bf16=True)
@@ -310,18 +310,25 @@ def test_bf16_decoding_uses_a_copy_that_follows_weight_updates():
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert [b.dtype for b in engine.decoder.buffers()] == [b.dtype for b in model.buffers()]
     prompts = _prompts(3)
-    before = engine.generate(prompts, num_completions=1, max_new_tokens=6, greedy=True)
     cast = copy.deepcopy(model)
     for p in cast.parameters():
         p.data = p.data.to(torch.bfloat16)
-    assert [g.completion_ids for g in before] == [g.completion_ids for g in HFEngine(cast, tok).generate(
+
+    def sampled(e: HFEngine) -> list:
+        torch.manual_seed(5)
+        return [g.completion_ids for g in e.generate(prompts, num_completions=3, max_new_tokens=6)]
+
+    before = sampled(engine)
+    assert before == sampled(HFEngine(cast, tok))
+    greedy = engine.generate(prompts, num_completions=1, max_new_tokens=6, greedy=True)
+    assert [g.completion_ids for g in greedy] == [g.completion_ids for g in HFEngine(model, tok).generate(
         prompts, num_completions=1, max_new_tokens=6, greedy=True)]
-    with torch.no_grad():  # an update that makes every logit equal: greedy then picks token 0 everywhere
+    with torch.no_grad():  # an update that makes every logit equal: the samples then change
         model.model.norm.weight.zero_()
-    stale = engine.generate(prompts, num_completions=1, max_new_tokens=6, greedy=True)
-    assert [g.completion_ids for g in stale] == [g.completion_ids for g in before]
+    assert sampled(engine) == before  # not synced yet
     engine.sync_weights()
-    after = engine.generate(prompts, num_completions=1, max_new_tokens=6, greedy=True)
-    assert all(g.completion_ids == [[0] * 6] for g in after)
-    sampled = engine.generate(prompts, num_completions=4, max_new_tokens=8)
-    assert [len(g.completion_ids) for g in sampled] == [4] * 3
+    assert sampled(engine) != before
+    cast_after = copy.deepcopy(model)
+    for p in cast_after.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    assert sampled(engine) == sampled(HFEngine(cast_after, tok))
