@@ -20,7 +20,7 @@ from swarmlm.sapo.intake import question_stream
 from swarmlm.sapo.transports.hivemind.clock import RoundClock
 from swarmlm.sapo.transports.hivemind.dht_process import dht_class, store_message
 from swarmlm.sapo.transports.hivemind.identity import load_identity
-from swarmlm.sapo.transports.hivemind.keys import digest_key, message_digest, message_key
+from swarmlm.sapo.transports.hivemind.keys import message_digest, message_key
 from swarmlm.tasks import TaskConfig, TaskSource, format_answer
 from swarmlm.tasks.provenance import EVAL_SEED
 
@@ -312,8 +312,7 @@ class HostilePeer:
         is not bytes, which honest peers refuse to store, with the digest of its text)."""
         named = payload if isinstance(payload, bytes) else repr(payload).encode()
         return self.dht.run_coroutine(partial(
-            store_message, message_key=message_key(self.run, g, identity.peer_id),
-            digest_key=digest_key(self.run, g, identity.peer_id), payload=payload,
+            store_message, run=self.run, round=g, peer_id=identity.peer_id, payload=payload,
             digest=digest or message_digest(named),
             expiration=expiration, subkey=identity.owner_subkey), return_future=True)
 

@@ -14,7 +14,7 @@ from swarmlm.sapo.transports.hivemind.clock import RoundClock  # noqa: E402
 from swarmlm.sapo.transports.hivemind.transport import HivemindTransport  # noqa: E402
 from swarmlm.tasks import TaskConfig  # noqa: E402
 from tests.sapo.swarm_hostile import HostilePeer  # noqa: E402
-from tests.sapo.transports.test_hivemind_transport import transport  # noqa: E402
+from tests.sapo.transports.test_hivemind_transport import ahead_peers, publish_ahead, transport  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -83,16 +83,13 @@ def test_a_full_storage_budget_never_stops_a_read(tmp_path):
     alice = transport(tmp_path, "alice", clock)
     bob = transport(tmp_path, "bob", clock, initial_peers=alice.addresses, dht_round_bytes=300_000)
     bob.drops = DropCounter()
-    ahead = [transport(tmp_path, f"ahead-{k}", clock, initial_peers=alice.addresses + bob.addresses)
-             for k in range(2)]
+    ahead = ahead_peers(tmp_path, clock, alice, bob)
     try:
         heard, rounds = set(), []
         deadline = time.monotonic() + 90
         while len(rounds) < 5 and time.monotonic() < deadline:
             g = clock.now()
-            for k, peer in enumerate(ahead):
-                for r in (g, g + 1):
-                    peer.publish(r, bytes([65 + k]) * 140_000)
+            publish_ahead(ahead, g, 140_000)
             time.sleep(0.8)  # their stores land first
             payload = f"alice {g:03d} ".encode() * 2_000
             alice.publish(g, payload)

@@ -41,6 +41,19 @@ def transport(directory: Path, name: str, clock: RoundClock, **kwargs) -> Hivemi
     return t
 
 
+def ahead_peers(directory: Path, clock: RoundClock, *known: HivemindTransport) -> list[HivemindTransport]:
+    """Two peers that publish ahead (:func:`publish_ahead`), joined through ``known``."""
+    addresses = [a for t in known for a in t.addresses]
+    return [transport(directory, f"ahead-{k}", clock, initial_peers=addresses) for k in range(2)]
+
+
+def publish_ahead(peers: list[HivemindTransport], g: int, nbytes: int) -> None:
+    """Each of ``peers`` publishes ``nbytes`` at round ``g`` and at ``g + 1`` (the next round's key is read too)."""
+    for k, peer in enumerate(peers):
+        for r in (g, g + 1):
+            peer.publish(r, bytes([65 + k]) * nbytes)
+
+
 def test_identity_is_persistent_and_names_the_peer(tmp_path):
     path = tmp_path / "keys" / "me.key"
     first = load_identity(path)
@@ -219,8 +232,7 @@ def test_peers_publishing_ahead_cannot_push_a_current_message_out(tmp_path):
                 capped.append(sender)
 
     bob.drops = Drops()
-    ahead = [transport(tmp_path, f"ahead-{k}", clock, initial_peers=alice.addresses + bob.addresses)
-             for k in range(2)]
+    ahead = ahead_peers(tmp_path, clock, alice, bob)
     try:
         heard, rounds = set(), []
         deadline = time.monotonic() + 120
@@ -228,9 +240,7 @@ def test_peers_publishing_ahead_cannot_push_a_current_message_out(tmp_path):
             g = clock.now()
             payload = f"alice {g:03d} ".encode() * 1_350
             alice.publish(g, payload)
-            for k, peer in enumerate(ahead):
-                for r in (g, g + 1):
-                    peer.publish(r, bytes([65 + k]) * 140_000)
+            publish_ahead(ahead, g, 140_000)
             time.sleep(1.5)  # the stores land: one read then finds all five messages (574 KB)
             before = len(capped)
             got = bob.collect(g, timeout=1.0)

@@ -10,6 +10,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from swarmlm.sapo.transports.hivemind.keys import digest_key, message_digest, message_key
 from swarmlm.sapo.transports.hivemind.validators import set_trusted, take_refusals
 
 _DHT_CLASS: list[type] = []
@@ -134,14 +135,17 @@ async def read_dht_state(_dht, dht_node, token: str, trusted: list[str], max_pee
     return refusals, peers, kept
 
 
-async def store_message(_dht, dht_node, message_key: str, digest_key: str, payload: bytes, digest: bytes,
-                        expiration: float, subkey: bytes) -> bool:
-    """Store a round's message, then, once its stores have ended, its digest (:mod:`.keys`): a reader who finds the
-    digest finds the message too, wherever it was kept. The digest is stored whatever the message's store returned:
-    hivemind reports the answer of the last peer asked, which may be one whose storage budget was full while others
-    kept it. Returns whether both stores reported success."""
-    stored = await dht_node.store(message_key, payload, expiration, subkey=subkey)
-    return bool(await dht_node.store(digest_key, digest, expiration, subkey=subkey)) and bool(stored)
+async def store_message(_dht, dht_node, run: str, round: int, peer_id: str, payload: bytes, expiration: float,
+                        subkey: bytes, digest: bytes | None = None) -> bool:
+    """Store ``peer_id``'s message of ``round``, then, once its stores have ended, its digest (:mod:`.keys`;
+    ``digest`` overrides it, for tests of a lying peer): a reader who finds the digest finds the message too,
+    wherever it was kept. The digest is stored whatever the message's store returned: hivemind reports the answer
+    of the last peer asked, which may be one whose storage budget was full while others kept it. Returns whether
+    both stores reported success."""
+    stored = await dht_node.store(message_key(run, round, peer_id), payload, expiration, subkey=subkey)
+    digest = message_digest(payload) if digest is None else digest
+    stored_digest = await dht_node.store(digest_key(run, round, peer_id), digest, expiration, subkey=subkey)
+    return bool(stored) and bool(stored_digest)
 
 
 async def fetch_values(_dht, dht_node, keys: list[str], timeout: float, concurrency: int = 16, latest: bool = True

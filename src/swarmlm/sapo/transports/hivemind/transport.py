@@ -307,8 +307,7 @@ class HivemindTransport(RolloutTransport):
         from hivemind.utils import get_dht_time
 
         self._pending_stores.append(dht.run_coroutine(partial(
-            store_message, message_key=message_key(self.run, round, self.node_id),
-            digest_key=digest_key(self.run, round, self.node_id), payload=payload, digest=message_digest(payload),
+            store_message, run=self.run, round=round, peer_id=self.node_id, payload=payload,
             expiration=get_dht_time() + self.ttl, subkey=self.identity.owner_subkey), return_future=True))
         self.counters.published += 1
         if self._maddrs and time.monotonic() >= self._next_announce:
@@ -540,8 +539,8 @@ class HivemindTransport(RolloutTransport):
             budget[0] -= length
             chosen.append((r, p, digest, length))
         out: list[Received] = []
-        for r, p, value in self._fetch(dht, chosen, round, deadline, budget):
-            self._seen[(r, p)] = message_digest(value)
+        for r, p, value, digest in self._fetch(dht, chosen, round, deadline, budget):
+            self._seen[(r, p)] = digest
             self._heard_new(p)
             if len(self._peers_seen) < 100_000:
                 self._peers_seen.add(p)
@@ -550,13 +549,13 @@ class HivemindTransport(RolloutTransport):
         return out
 
     def _fetch(self, dht, chosen: list[tuple[int, str, bytes, int]], round: int, deadline: float,
-               budget: list[int]) -> list[tuple[int, str, bytes]]:
-        """The messages of ``chosen`` (round, peer, digest, length) that match their digests: each first from
+               budget: list[int]) -> list[tuple[int, str, bytes, bytes]]:
+        """The messages of ``chosen`` (round, peer, digest, length) that match their digests, with them: each first from
         wherever it is found first (this peer's own copy when it stores the key), then, if that copy is not the
         one the digest names, from every peer near the key. A message that matches neither is not returned, and
         its bytes go back to the budget; after ``MAX_FETCHES_PER_ROUND`` reads of a round that tried it, it is
         dropped as ``digest_mismatch``."""
-        out: list[tuple[int, str, bytes]] = []
+        out: list[tuple[int, str, bytes, bytes]] = []
         for r, p, _, _ in chosen:
             last, count = self._fetched.get((r, p), (round, 0))
             self._fetched[(r, p)] = (round, count + 1 if last == round else 1)
@@ -572,7 +571,7 @@ class HivemindTransport(RolloutTransport):
                     self.drops.drop("bad_message", p, f"payload is {type(value).__name__}")
                     budget[0] += length
                 elif value is not None and message_digest(value) == digest:
-                    out.append((r, p, bytes(value)))
+                    out.append((r, p, bytes(value), digest))
                 else:
                     missed.append((r, p, digest, length))
             chosen = missed
