@@ -356,3 +356,19 @@ def test_precision_learning_pairs_nodes_and_averages_per_seed(tmp_path):
     assert last["difference"]["ci95"] == pytest.approx(12.706 * math.sqrt(0.02) / math.sqrt(2))
     assert result["train_seconds_mean"] == {"baseline": 4.0, "option": 2.0}
     assert result["min_format_rate"] == {"baseline": 0.9, "option": 0.9}
+
+
+def test_in_process_speed_times_both_modes(tmp_path, capsys):
+    """benchmarks/in_process_speed.py at tiny sizes: both modes for each M, the same training (the stacked run
+    equals the one-at-a-time run up to rounding), and its JSON."""
+    speed = _load("in_process_speed")
+    out = tmp_path / "speed.json"
+    assert speed.main(["--replicas", "2,3", "--steps", "4", "--every", "2", "--seq-len", "16", "--batch-size", "2",
+                       "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [(r["M"], r["stack_replicas"]) for r in result["runs"]] == [(2, "never"), (2, "auto"), (3, "never"), (3, "auto")]
+    assert all(r["ms_per_replica_step"] > 0 for r in result["runs"])
+    for m in (2, 3):
+        never, auto = (r["final_val_loss"] for r in result["runs"] if r["M"] == m)
+        assert auto == pytest.approx(never, rel=1e-4)
+    assert set(result["speedup"]) == {"2", "3"} and "stacked" in capsys.readouterr().out

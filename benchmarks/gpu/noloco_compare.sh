@@ -49,7 +49,7 @@ EVAL_EVERY=$(( (STEPS / 5) > 0 ? STEPS / 5 : 1 ))
 "$PY" -m swarmlm --log-level WARNING noloco compare --out "$OUT" --backend in_process --device "$DEVICE" \
     --model "$MODEL" --replicas "$REPLICAS" --seeds "$SEEDS" --methods "$METHODS" --outer.every "$H" \
     --steps "$STEPS" --seq-len "$SEQ_LEN" --batch-size "$BATCH" --inner.lr "$LR" --inner.warmup-steps "$WARMUP" \
-    --eval-every "$EVAL_EVERY" --eval-batches "$EVAL_BATCHES" --threads "$THREADS" --progress false ${EXTRA:-} \
+    --eval-every "$EVAL_EVERY" --eval-batches "$EVAL_BATCHES" --threads "$THREADS" --jobs 1 --progress false ${EXTRA:-} \
     > "$OUT/compare.log" 2>&1 || { tail -50 "$OUT/compare.log"; exit 1; }
 cat "$OUT/results.md"
 echo "steps per replica: $STEPS; total time: $(( $(date +%s) - started )) s"

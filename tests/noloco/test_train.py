@@ -96,12 +96,13 @@ def test_four_process_training_and_exact_resume(gloo_run):
 
 @pytest.mark.slow
 def test_in_process_backend_matches_gloo(gloo_run, tmp_path):
-    """The same run with the 4 replicas in this process: every loss, validation loss and model std, and the final
-    weights of every replica, equal the gloo run's to float tolerance (NoLoCo's exchange only copies, so its
-    weights are bitwise the same; an all-reduce sums in another order than gloo's ring)."""
+    """The same run with the 4 replicas in this process, stepped one at a time: every loss, validation loss and
+    model std, and the final weights of every replica, equal the gloo run's to float tolerance (NoLoCo's exchange
+    only copies, so its weights are bitwise the same; an all-reduce sums in another order than gloo's ring). The
+    stacked step, the backend's default, equals this one up to rounding (tests/noloco/test_stacked_step.py)."""
     method, _, gloo, gloo_weights = gloo_run
     out = tmp_path / method
-    _train(out, method, "--backend", "in_process")
+    _train(out, method, "--backend", "in_process", "--stack-replicas", "never")
     mine = _records(out)
     for rank in range(REPLICAS):
         a, b = _by_step(gloo[rank]), _by_step(mine[rank])

@@ -60,11 +60,12 @@ import math
 import statistics
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from swarmlm.config import ConfigError, StrictModel, dump_config, parse_list
 from swarmlm.experiments.plots import require_matplotlib
@@ -172,6 +173,11 @@ class CompareConfig(StrictModel):
                                                      "it, float32 on CPU")
     threads: int = Field(1, ge=0, description="torch threads of the in-process runs and of the calibration (0 = torch's "
                                               "default)")
+    jobs: int = Field(0, ge=0, description="runs trained at once, each in a process of its own (0 = one per `threads` "
+                                           "CPU cores on a CPU, else 1; 1 = one after another in this process)")
+    stack_replicas: Literal["auto", "never"] = Field(
+        "auto", description="in_process runs: auto = one vectorised forward and backward for all M replicas; never = "
+                            "one replica at a time")
     log_every: int = Field(10, ge=1, description="a per-step metrics line every L steps (in_process runs; one process "
                                                  "per replica logs every step, for its measured clock)")
     inner: CompareInnerSection = Field(default_factory=CompareInnerSection)
@@ -210,9 +216,28 @@ class CompareConfig(StrictModel):
                              "clock; use --backend auto to inject the link")
         return value
 
+    @model_validator(mode="after")
+    def _jobs_fit_compute(self) -> "CompareConfig":
+        if self.compute == "measured" and self.jobs > 1:
+            raise ValueError(f"jobs: {self.jobs} runs at once would share the cores that compute measured times; with "
+                             "compute measured use jobs 1 (or 0)")
+        return self
+
     @property
     def in_process(self) -> bool:
         return self.backend == "in_process"
+
+    def parallel_runs(self) -> int:
+        """How many runs train at once (``jobs``, resolved)."""
+        import os
+
+        from swarmlm.runtime.devices import resolve_device
+
+        if self.jobs:
+            return self.jobs
+        if self.compute == "measured" or resolve_device(self.device).type != "cpu":
+            return 1  # measured times want the cores to themselves; runs on one GPU would share its memory
+        return max(1, (os.cpu_count() or 1) // max(1, self.threads or (os.cpu_count() or 1)))
 
 
 def run_dir(out: str | Path, m: int, seed: int, variant: str, h: int | None = None) -> Path:
@@ -250,6 +275,7 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str, h: int 
         # the backend's own clock charges the same link; many replicas log sparsely and without fsync
         data["network"] = config.network.model_dump()
         data["threads"] = config.threads
+        data["stack_replicas"] = config.stack_replicas
         data["log"] = {"every": config.log_every, "tensorboard": False, "fsync": False}
     elif config.network.inject:  # the link really delays the run's messages; otherwise it is only modelled
         data["network"] = config.network.model_dump()
@@ -541,11 +567,39 @@ def run_key(h: int | None, m: int, seed: int, variant: str) -> str:
     return ("" if h is None else f"H{h}/") + f"M{m}/seed-{seed}/{variant}"
 
 
+def _train_one(run_json: str) -> tuple[dict[str, Any], float]:
+    """One run in a worker process: its summary and wall seconds."""
+    from swarmlm.noloco.launch import run_training
+
+    started = time.time()
+    summary = run_training(TrainConfig.model_validate_json(run_json))
+    return summary, time.time() - started
+
+
+def train_runs(todo: dict[str, TrainConfig], jobs: int) -> Iterator[tuple[str, tuple[dict[str, Any], float]]]:
+    """Train the runs of ``todo`` (key -> config), ``jobs`` at a time, each in a process of its own (one after
+    another in this process when ``jobs`` is 1); yields (key, (summary, wall seconds)) as each ends. On Ctrl+C
+    the workers' runs stop as a run does (they share the terminal's signal) and no new run starts."""
+    if jobs <= 1:
+        for key, run in todo.items():
+            yield key, _train_one(run.model_dump_json())
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(_train_one, run.model_dump_json()): key for key, run in todo.items()}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run_compare(config: CompareConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from swarmlm.experiments.noloco_compare_report import write_report
-    from swarmlm.noloco.launch import run_training
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -558,18 +612,21 @@ def run_compare(config: CompareConfig) -> dict[str, Any]:
         if saved.exists() and not _same_run(yaml.safe_load(saved.read_text()) or {}, run):
             raise ConfigError(f"{run.out} holds a run with other settings; use another --out, or delete it")
     calibration = calibrate(config, out / "calibration.json")
-    bar = tqdm(runs, desc="compare runs", unit="run", disable=not config.progress)
+    todo = {run_key(h, m, seed, variant): train_config(config, m, seed, variant, h) for h, m, seed, variant in runs}
+    todo = {key: run for key, run in todo.items() if not finished(run)}
+    jobs = min(config.parallel_runs(), max(1, len(todo)))
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="compare runs", unit="run",
+               disable=not config.progress)
+    if jobs > 1:
+        log.info("noloco compare: %d runs to train, %d at a time (--jobs)", len(todo), jobs)
     timings: dict[str, float] = {}
-    for h, m, seed, variant in bar:
-        run = train_config(config, m, seed, variant, h)
-        bar.set_postfix(H=h or "-", M=m, seed=seed, method=variant)
-        if finished(run):
-            continue
-        t0 = time.time()
-        summary = run_training(run)
-        timings[run_key(h, m, seed, variant)] = round(time.time() - t0, 1)
+    for key, (summary, seconds) in train_runs(todo, jobs):
+        timings[key] = round(seconds, 1)
+        bar.update(1)
+        bar.set_postfix_str(key)
         if summary.get("interrupted"):
             raise KeyboardInterrupt  # its checkpoints are saved; the same command resumes
+    bar.close()
     link = LinkModel.from_config(config.network)
     numbers = [run_numbers(config, train_config(config, m, s, v, h), v, load_run(train_config(config, m, s, v, h)),
                            calibration, link) for h, m, s, v in runs]

@@ -173,6 +173,10 @@ class TrainConfig(StrictModel):
                             "(auto = NCCL on GPUs, else gloo); in_process = all M replicas in this process. With "
                             "in_process the replicas share one device, are stepped in turn and exchange through memory, "
                             "their communication timed by the network.* link model on a simulated clock")
+    stack_replicas: Literal["auto", "never"] = Field(
+        "auto", description="backend in_process: auto = one vectorised forward and backward for all M replicas' "
+                            "stacked weights (each replica still clips, steps and averages on its own; equal to one at "
+                            "a time up to rounding); never = one replica at a time")
     threads: int = Field(0, ge=0, description="torch threads per process (0 = torch's default; the local launcher gives "
                                               "each worker cores / nproc unless OMP_NUM_THREADS is set)")
     progress: bool = Field(True, description="progress bar on rank 0")

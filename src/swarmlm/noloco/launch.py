@@ -116,6 +116,7 @@ def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
     from swarmlm.noloco.comm import make_communicator
     from swarmlm.noloco.comm.in_process import InProcessHub
     from swarmlm.noloco.comm.link_model import LinkModel
+    from swarmlm.noloco.stacked_step import StackedStep, StackedWeights
     from swarmlm.runtime.devices import resolve_device
     from swarmlm.runtime.interrupts import graceful_interrupt
 
@@ -123,8 +124,9 @@ def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
     device = resolve_device(config.device)
     link = LinkModel.from_config(config.network)
     hub = InProcessHub(m, link=link, timeout_s=config.exchange.timeout_s, device=device)
-    log.info("in-process backend: %d replicas of %s on %s, stepped in turn; simulated link %s", m, config.model, device,
-             link.describe())
+    log.info("in-process backend: %d replicas of %s on %s, stepped in turn%s; simulated link %s", m, config.model, device,
+             ", forward and backward stacked" if config.stack_replicas == "auto" and m > 1 else "", link.describe())
+    stacked = StackedWeights(m) if config.stack_replicas == "auto" and m > 1 else None
     threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -133,7 +135,8 @@ def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
             def replica(rank: int) -> dict[str, Any]:
                 comm = make_communicator(config.network, rank=rank, world_size=m, timeout_s=config.exchange.timeout_s,
                                          hub=hub)
-                return Replica(config, rank, m, comm=comm).run(interrupt=interrupt)
+                inner_step = StackedStep(config.method, stacked) if stacked is not None else None
+                return Replica(config, rank, m, comm=comm, inner_step=inner_step).run(interrupt=interrupt)
 
             results = hub.run(replica)
     finally:
