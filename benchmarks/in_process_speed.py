@@ -28,7 +28,7 @@ def timed_run(m: int, mode: str, args, out: Path) -> dict:
     from swarmlm.noloco.config import TrainConfig
     from swarmlm.noloco.launch import run_training
 
-    config = TrainConfig(method="noloco", backend="in_process", nproc=m, model=args.model, steps=args.steps,
+    config = TrainConfig(method="noloco", backend="in_process", replicas=m, model=args.model, steps=args.steps,
                          seq_len=args.seq_len, batch_size=args.batch_size, outer={"every": args.every}, eval_every=0,
                          eval_batches=1, checkpoint_every=0, keep_checkpoints=1, threads=args.threads, progress=False,
                          stack_replicas=mode, out=str(out / f"M{m}-{mode}"), seed=args.seed,

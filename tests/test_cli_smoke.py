@@ -73,7 +73,7 @@ SMOKE: dict[tuple[str, ...], Case] = {
     # two node processes (two architectures) exchanging records over loopback, one display, one summary
     ("sapo", "swarm"): Case([], covered_by="tests/sapo/swarm/test_swarm_nodes.py::test_swarm_command_runs_nodes_and_summarises"),
     # in_process: both replicas in this process (the gloo processes have their own tests in tests/noloco)
-    ("noloco", "train"): Case(["--method", "noloco", "--nproc", "2", "--backend", "in_process", *NOLOCO_TINY,
+    ("noloco", "train"): Case(["--method", "noloco", "--replicas", "2", "--backend", "in_process", *NOLOCO_TINY,
                                "--out", "{out}"],
                               writes=["metrics.jsonl", "rank-1/metrics.jsonl", "tensorboard", "summary.json",
                                       "config.yaml", "checkpoints/rank-0", "checkpoints/rank-1"]),

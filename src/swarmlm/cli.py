@@ -45,7 +45,7 @@ COMMANDS: list[Command] = [
             common=("nodes", "rounds", "local", "external", "model", "out", "seed")),
     Command(("noloco", "train"), "swarmlm.noloco.config:TrainConfig", "swarmlm.noloco.launch:train_command",
             "pre-train M replicas with NoLoCo (pair averaging), DiLoCo or data parallel (local workers or under torchrun)",
-            common=("method", "nproc", "steps", "model", "backend", "device", "out", "seed")),
+            common=("method", "replicas", "steps", "model", "backend", "device", "out", "seed")),
     Command(("noloco", "compare"), "swarmlm.experiments.noloco_compare:CompareConfig",
             "swarmlm.experiments.noloco_compare:compare_command",
             "train ddp, diloco and noloco alike and compare validation perplexity against step and simulated wall-clock",
@@ -89,8 +89,14 @@ def _load(target: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+#: options that were renamed: old spelling -> new one (said when the old one is given)
+RENAMED = {"--nproc": "--replicas"}
+
+
 def _did_you_mean(word: str, candidates: list[str]) -> str:
     """``"; did you mean X?"`` for the candidate closest to ``word`` (difflib), or ``""``."""
+    if word in RENAMED and RENAMED[word] in candidates:
+        return f"; {word} is now {RENAMED[word]}"
     close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 

@@ -63,7 +63,7 @@ def test_runs_share_everything_but_the_outer_step(tmp_path):
 # out: a comparison of methods injects no faults). A new option of `noloco train` fails the test below until it is
 # offered by `compare` (passed to every run) or listed here with its reason.
 SET_PER_RUN = {
-    "method": "the variant's", "nproc": "each M", "seed": "each seed", "diloco": "the variant's outer step",
+    "method": "the variant's", "seed": "each seed", "diloco": "the variant's outer step",
     "stages": "noloco-pp2's", "pipeline": "noloco-pp2's (defaults)", "keep_checkpoints": "1, the run's last",
     "resume": "finished runs are reused, unfinished ones resume", "stop_after": "every run runs to its end",
     "log": "from log_every (in_process) or the default", "faults": "none injected in a comparison",
@@ -271,7 +271,7 @@ def test_every_training_option_reaches_compare():
 
     set_per_run = {
         "method": "each variant's method", "diloco": "each variant's DiLoCo outer step", "stages": "noloco-pp2",
-        "nproc": "from --replicas", "seed": "from --seeds", "keep_checkpoints": "1", "log": "from --log-every",
+        "seed": "from --seeds", "keep_checkpoints": "1", "log": "from --log-every",
     }
     not_compared = {
         "faults": "fault injection is no part of a comparison", "resume": "compare reuses finished runs itself",

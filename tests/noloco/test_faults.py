@@ -35,7 +35,7 @@ def test_stalled_then_killed_worker_is_skipped_and_others_finish(tmp_path):
     out = tmp_path / "run"
     port = free_port()
     config = TrainConfig(
-        method="noloco", nproc=REPLICAS, out=str(out), steps=STEPS, seq_len=32, batch_size=4, eval_every=0,
+        method="noloco", replicas=REPLICAS, out=str(out), steps=STEPS, seq_len=32, batch_size=4, eval_every=0,
         eval_batches=2, checkpoint_every=0, progress=False, seed=SEED,
         inner={"warmup_steps": 2}, outer={"every": H}, exchange={"timeout_s": TIMEOUT_S},
         log={"model_std": False, "tensorboard": False},

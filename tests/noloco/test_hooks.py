@@ -50,7 +50,7 @@ class Recorder(ReplicaHook):
 
 
 def _train(tmp_path, **update) -> dict[int, Recorder]:
-    config = TrainConfig(method="noloco", model="nano-llama", nproc=2, backend="in_process", out=str(tmp_path / "run"),
+    config = TrainConfig(method="noloco", model="nano-llama", replicas=2, backend="in_process", out=str(tmp_path / "run"),
                          steps=4, seq_len=16, batch_size=2, eval_every=0, eval_batches=1, checkpoint_every=0,
                          progress=False, device="cpu", outer={"every": 2}, log={"tensorboard": False}).model_copy(update=update)
     hub = InProcessHub(2)

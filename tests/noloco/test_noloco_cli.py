@@ -13,11 +13,11 @@ from swarmlm.noloco.replica import lr_factor
 
 
 def test_flags_reach_the_config():
-    args = build_parser().parse_args(["noloco", "train", "--method", "diloco", "--nproc", "8", "--out", "x", "--inner.lr", "1e-3",
+    args = build_parser().parse_args(["noloco", "train", "--method", "diloco", "--replicas", "8", "--out", "x", "--inner.lr", "1e-3",
                                       "--noloco.momentum", "lookahead", "--exchange.timeout-s", "5", "--resume", "40",
                                       "--faults.stall-outer-steps", "[1, 3]"])
     config = config_from_args(TrainConfig, args)
-    assert (config.method, config.nproc, config.out, config.inner.lr) == ("diloco", 8, "x", 1e-3)
+    assert (config.method, config.replicas, config.out, config.inner.lr) == ("diloco", 8, "x", 1e-3)
     assert config.noloco.momentum == "lookahead" and config.exchange.timeout_s == 5 and config.resume == 40
     assert config.faults.stall_outer_steps == [1, 3]
     defaults = TrainConfig()
@@ -30,7 +30,7 @@ def test_flags_reach_the_config():
     (["--noloco.momentum", "nesterov"], "allowed values: 'heavy_ball', 'lookahead'"),
     (["--noloco.leftover", "drop"], "allowed values: 'join', 'wait'"),
     (["--steps", "10", "--stop-after", "20"], "stop_after"),
-    (["--nproc", "2", "--noloco.group-size", "3"], "group_size"),
+    (["--replicas", "2", "--noloco.group-size", "3"], "group_size"),
     (["--inner.lr", "0"], "inner.lr"),
 ])
 def test_mistakes_are_reported_by_name(capsys, argv, message):

@@ -45,6 +45,13 @@ def test_stacked_gradients_are_each_replicas_own(preset):
             torch.testing.assert_close(grads[name][row], g, rtol=1e-4, atol=1e-6, msg=f"{row} {name}")
         for name, p in params[row].items():  # the replica's parameter is its row of the stack
             assert p.data_ptr() == weights.stacks[name][row].data_ptr()
+    # validation: each replica's summed loss over its batches, in eval mode
+    held_out = [[b[0], b[1][:1]] for b in batches]  # two batches, the second of one sequence
+    for row, (total, count) in enumerate(weights.validation(held_out, bf16=False, device=torch.device("cpu"))):
+        model = models[row].eval()
+        with torch.no_grad():
+            expected_total = sum(float(model(input_ids=b, labels=b).loss) * (b.numel() - b.shape[0]) for b in held_out[row])
+        assert count == 2 * 11 + 11 and total == pytest.approx(expected_total, rel=1e-5)
     with torch.no_grad():
         next(iter(params[1].values())).add_(1.0)
     name = next(iter(params[1]))

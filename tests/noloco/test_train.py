@@ -18,7 +18,7 @@ from swarmlm.runtime.metrics import read_jsonl
 REPLICAS = 4
 STEPS = 8
 H = 4
-TINY = ["--nproc", str(REPLICAS), "--steps", str(STEPS), "--seq-len", "32", "--batch-size", "4", "--outer.every", str(H),
+TINY = ["--replicas", str(REPLICAS), "--steps", str(STEPS), "--seq-len", "32", "--batch-size", "4", "--outer.every", str(H),
         "--eval-every", "4", "--eval-batches", "2", "--checkpoint-every", "4", "--inner.warmup-steps", "2",
         "--progress", "false", "--exchange.timeout-s", "60", "--seed", "3"]
 

@@ -64,7 +64,7 @@ def test_noloco_replica_checkpoint_layout_and_resume(tmp_path):
     from swarmlm.noloco.config import TrainConfig
     from swarmlm.noloco.replica import Replica, checkpoint_dir
 
-    config = TrainConfig(method="diloco", nproc=1, out=str(tmp_path / "run"), steps=2, seq_len=16, batch_size=2,
+    config = TrainConfig(method="diloco", replicas=1, out=str(tmp_path / "run"), steps=2, seq_len=16, batch_size=2,
                          eval_every=0, eval_batches=1, checkpoint_every=0, progress=False, device="cpu",
                          outer={"every": 1}, log={"tensorboard": False}, inner={"warmup_steps": 1})
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

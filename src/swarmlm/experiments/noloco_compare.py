@@ -254,7 +254,7 @@ def train_config(config: CompareConfig, m: int, seed: int, variant: str, h: int 
     h = min(config.outer.every) if ddp or h is None else h
     every = h * spec.get("h_factor", 1)  # the run's own H (the cell's, or a multiple of it)
     data = {
-        "method": spec["method"], "nproc": m, "out": str(run_dir(config.out, m, seed, variant, None if ddp else h)),
+        "method": spec["method"], "replicas": m, "out": str(run_dir(config.out, m, seed, variant, None if ddp else h)),
         "model": config.model, "backend": config.backend, "device": config.device, "precision": config.precision,
         "steps": config.steps, "seq_len": config.seq_len, "batch_size": config.batch_size, "grad_accum": config.grad_accum,
         "seed": seed, "eval_every": config.eval_every, "eval_batches": config.eval_batches,
@@ -296,6 +296,8 @@ def _same_settings(saved: Any, wanted: Any, default: Any) -> bool:
 
 
 def _same_run(existing: dict[str, Any], wanted: TrainConfig) -> bool:
+    if "nproc" in existing:  # a run saved before M had one name
+        existing = {**{k: v for k, v in existing.items() if k not in ("nproc", "replicas")}, "replicas": existing["nproc"]}
     mine = {k: v for k, v in wanted.model_dump(mode="json").items() if k not in _VOLATILE}
     return _same_settings(existing, mine, TrainConfig().model_dump(mode="json"))
 
@@ -306,7 +308,7 @@ def finished(run: TrainConfig) -> bool:
         return False
     data = json.loads(summary.read_text())
     ranks = data.get("ranks", {})
-    return (data.get("steps") == run.steps and len(ranks) == run.nproc * run.stages
+    return (data.get("steps") == run.steps and len(ranks) == run.replicas * run.stages
             and all(r.get("completed") for r in ranks.values()) and not data.get("interrupted"))
 
 
@@ -395,7 +397,7 @@ def load_run(run: TrainConfig) -> dict[int, list[dict[str, Any]]]:
     from swarmlm.noloco.replica import rank_dir  # imports torch: not with the config, which --help reads
     from swarmlm.runtime.metrics import read_jsonl
 
-    return {r: read_jsonl(rank_dir(run.out, r * run.stages) / "metrics.jsonl") for r in range(run.nproc)}
+    return {r: read_jsonl(rank_dir(run.out, r * run.stages) / "metrics.jsonl") for r in range(run.replicas)}
 
 
 def measured_compute(records: dict[int, list[dict[str, Any]]], steps: int) -> np.ndarray:
@@ -422,7 +424,7 @@ def measured_compute(records: dict[int, list[dict[str, Any]]], steps: int) -> np
 def run_numbers(config: CompareConfig, run: TrainConfig, variant: str, records: dict[int, list[dict[str, Any]]],
                 calibration: dict[str, Any], link: LinkModel) -> dict[str, Any]:
     """The curves and final figures of one run, with its simulated clock under both compute models."""
-    m, steps, every = run.nproc, run.steps, run.outer.every
+    m, steps, every = run.replicas, run.steps, run.outer.every
     nbytes = _message_bytes(run, calibration["parameters"])
     clocks, comm_free, measured, nbytes = _clocks(run, records, calibration, link, nbytes)
     curve = _curve(records, clocks, m)
@@ -479,7 +481,7 @@ def _clocks(run: TrainConfig, records: dict[int, list[dict[str, Any]]], calibrat
     totals without communication; the measured compute per step; the message size (a pipeline stage's share)."""
     from swarmlm.noloco.groups import make_groups
 
-    m, steps, every = run.nproc, run.steps, run.outer.every
+    m, steps, every = run.replicas, run.steps, run.outer.every
 
     def groups(k: int):
         return make_groups(m, run.noloco.group_size, run.seed, k, run.noloco.leftover)

@@ -1,6 +1,6 @@
 """Every option of ``swarmlm noloco train``.
 
-The most used options sit at the top level (``--method noloco --nproc 4 --out DIR --steps 300``);
+The most used options sit at the top level (``--method noloco --replicas 4 --out DIR --steps 300``);
 the rest are grouped by the part of the method they tune (``--inner.lr``, ``--noloco.gamma``,
 ``--exchange.timeout-s``, ``--data.source``...). Defaults are sized for a 2-core CPU: the tiny
 Llama preset, 128-token sequences and small batches, so that a default 4-replica run takes minutes.
@@ -143,10 +143,8 @@ class TrainConfig(StrictModel):
     """``swarmlm noloco train``: M replicas trained with NoLoCo, DiLoCo or data parallel."""
 
     method: Method = Field("noloco", description="noloco (pair averaging), diloco (all-reduce every H steps) or ddp (all-reduce every step)")
-    nproc: int = Field(4, ge=1, description="M: replicas (local runs start nproc x stages processes); under torchrun "
-                                            "the world size decides (M = world size / stages)")
-    replicas: int | None = Field(None, ge=1, description="M, the same as nproc (give either); the natural name with "
-                                                         "backend in_process, where no process is started per replica")
+    replicas: int = Field(4, ge=1, description="M: replicas (local runs start replicas x stages processes); under "
+                                               "torchrun the world size decides (M = world size / stages)")
     stages: int = Field(1, ge=1, description="S: pipeline stages per replica, each in its own process (see pipeline.*)")
     out: str = Field("runs/noloco", description="output directory")
     model: str = Field("tiny-llama", description="preset name (tiny-llama, llama-125m, llama-1.3b, llama-6.8b...), local directory or hub id")
@@ -178,7 +176,7 @@ class TrainConfig(StrictModel):
                             "stacked weights (each replica still clips, steps and averages on its own; equal to one at "
                             "a time up to rounding); never = one replica at a time")
     threads: int = Field(0, ge=0, description="torch threads per process (0 = torch's default; the local launcher gives "
-                                              "each worker cores / nproc unless OMP_NUM_THREADS is set)")
+                                              "each worker cores / processes unless OMP_NUM_THREADS is set)")
     progress: bool = Field(True, description="progress bar on rank 0")
     inner: InnerSection = Field(default_factory=InnerSection)
     outer: OuterSection = Field(default_factory=OuterSection)
@@ -193,12 +191,9 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _replicas_is_nproc(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("replicas") is not None:
-            if data.get("nproc") is not None and data["nproc"] != data["replicas"]:
-                raise ValueError(f"replicas ({data['replicas']}) and nproc ({data['nproc']}) are two names for M: "
-                                 "give one of them")
-            data = {**data, "nproc": data["replicas"]}
+    def _nproc_is_replicas(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "nproc" in data:
+            raise ValueError("nproc: the number of replicas is called replicas (--replicas M); nproc was its old name")
         return data
 
     @model_validator(mode="after")
@@ -208,8 +203,8 @@ class TrainConfig(StrictModel):
                              f"({self.pipeline.micro_batches})")
         if self.stop_after is not None and self.stop_after > self.steps:
             raise ValueError(f"stop_after ({self.stop_after}) is past steps ({self.steps})")
-        if self.method == "noloco" and self.noloco.group_size > self.nproc and self.nproc > 1:
-            raise ValueError(f"noloco.group_size ({self.noloco.group_size}) is larger than nproc ({self.nproc})")
+        if self.method == "noloco" and self.noloco.group_size > self.replicas and self.replicas > 1:
+            raise ValueError(f"noloco.group_size ({self.noloco.group_size}) is larger than replicas ({self.replicas})")
         if self.exchange.compress != "none" and self.method != "noloco":
             raise ValueError(f"exchange.compress: '{self.exchange.compress}' compresses NoLoCo's pair exchange; method "
                              f"'{self.method}' averages by all-reduce, which is sent in fp32 (allowed: none)")

@@ -120,7 +120,7 @@ def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
     from swarmlm.runtime.devices import resolve_device
     from swarmlm.runtime.interrupts import graceful_interrupt
 
-    m = config.nproc
+    m = config.replicas
     device = resolve_device(config.device)
     link = LinkModel.from_config(config.network)
     hub = InProcessHub(m, link=link, timeout_s=config.exchange.timeout_s, device=device)
@@ -145,7 +145,7 @@ def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
 
 
 def run_training(config: TrainConfig) -> dict[str, Any]:
-    """Train ``config.nproc`` replicas locally (processes, or all in this one with backend in_process), or be one
+    """Train ``config.replicas`` replicas locally (processes, or all in this one with backend in_process), or be one
     rank under torchrun; returns the summary."""
     from swarmlm.noloco.data import prepare
     from swarmlm.runtime.distributed import launch_local, under_torchrun
@@ -160,7 +160,7 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
         dump_config(config, out / "config.yaml")
         prepare(config.data, load_tokenizer(config.model))
         results, interrupted = run_in_process(config)
-        summary = write_train_summary(config, results, config.nproc, time.time() - started)
+        summary = write_train_summary(config, results, config.replicas, time.time() - started)
         if interrupted and not all(r.get("completed") for r in results.values()):
             log.warning("stopped by Ctrl+C; run the same command again to resume from %s", config.out)
             summary["interrupted"] = True
@@ -168,10 +168,10 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         rank = int(os.environ["RANK"])
-        if world != config.nproc * config.stages:
-            log.info("running under torchrun: %d replicas (the world size / %d stages), not nproc=%d",
-                     world // config.stages, config.stages, config.nproc)
-            config = config.model_copy(update={"nproc": world // config.stages})
+        if world != config.replicas * config.stages:
+            log.info("running under torchrun: %d replicas (the world size / %d stages), not replicas=%d",
+                     world // config.stages, config.stages, config.replicas)
+            config = config.model_copy(update={"replicas": world // config.stages})
         if rank == 0:
             dump_config(config, out / "config.yaml")
         result = worker_main(config.model_dump_json())
@@ -183,13 +183,13 @@ def run_training(config: TrainConfig) -> dict[str, Any]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     try:
-        results = launch_local(config.nproc * config.stages, worker_main, config.model_dump_json())
+        results = launch_local(config.replicas * config.stages, worker_main, config.model_dump_json())
     except SignalException as err:  # Ctrl+C / SIGTERM: the workers stopped at a common step and checkpointed
         log.warning("stopped by signal %s; run the same command again to resume from %s", err.sigval, config.out)
-        summary = write_train_summary(config, None, config.nproc * config.stages, time.time() - started)
+        summary = write_train_summary(config, None, config.replicas * config.stages, time.time() - started)
         summary["interrupted"] = True
         return summary
-    return write_train_summary(config, results, config.nproc * config.stages, time.time() - started)
+    return write_train_summary(config, results, config.replicas * config.stages, time.time() - started)
 
 
 def train_command(config: TrainConfig) -> int:

@@ -229,18 +229,22 @@ def test_training_with_a_straggler(tmp_path):
     (["--backend", "in_process", "--stages", "2"], "stages"),
     (["--backend", "in_process", "--network.inject", "true"], "network.inject"),
     (["--backend", "in_process", "--faults.exit-rank", "1", "--faults.exit-outer-step", "1"], "faults.exit_rank"),
-    (["--replicas", "8", "--nproc", "4"], "two names for M"),
 ])
 def test_backend_mistakes_are_reported_by_name(capsys, argv, message):
     assert main(["noloco", "train", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_replicas_is_nproc():
+def test_replicas_has_one_name(capsys):
+    from swarmlm.config import ConfigError, validate_config
     from swarmlm.noloco.config import TrainConfig
 
-    assert TrainConfig(replicas=16, backend="in_process").nproc == 16
-    assert TrainConfig(replicas=4, nproc=4).nproc == 4
+    assert TrainConfig(replicas=16, backend="in_process").replicas == 16
+    with pytest.raises(ConfigError, match="nproc: the number of replicas is called replicas"):
+        validate_config(TrainConfig, {"nproc": 4})
+    with pytest.raises(SystemExit):
+        main(["noloco", "train", "--nproc", "4"])
+    assert "--nproc is now --replicas" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ STALLED = rank_of(1, 1, S)  # stage 1 (last) of replica 1
 def test_two_by_two_pipeline_run_trains_routes_and_retries(tmp_path):
     out = tmp_path / "pp"
     started = time.monotonic()
-    code = main(["noloco", "train", "--method", "noloco", "--nproc", str(M), "--stages", str(S), "--out", str(out),
+    code = main(["noloco", "train", "--method", "noloco", "--replicas", str(M), "--stages", str(S), "--out", str(out),
                  "--steps", str(STEPS), "--seq-len", "32", "--batch-size", "4", "--pipeline.micro-batches", str(MICRO),
                  "--outer.every", str(H), "--eval-every", str(H), "--eval-batches", "2", "--checkpoint-every", "0",
                  "--inner.warmup-steps", "2", "--progress", "false", "--seed", str(SEED), "--log.tensorboard", "false",

@@ -344,12 +344,12 @@ class InProcessCommunicator(Communicator):
             self.traffic.count_allreduce(tensor, self.world_size)
         return tensor
 
-    def compute_together(self, part: Any, compute: Callable[[list[Any]], Any]) -> Any:
+    def compute_together(self, part: Any, compute: Callable[[list[Any]], Any], on_clock: bool = True) -> Any:
         """One computation for all replicas, cheaper done at once (the stacked inner step,
         :mod:`swarmlm.noloco.stacked_step`): every replica hands in its ``part``, the first to go on runs
-        ``compute`` over the parts in rank order, and each gets the result. Not communication: each replica's
-        simulated clock is charged an equal share of the computation's time, as if it had computed its part
-        alone."""
+        ``compute`` over the parts in rank order, and each gets the result. Not communication: with ``on_clock``
+        each replica's simulated clock is charged an equal share of the computation's time, as if it had computed
+        its part alone (off it, as evaluation is, nothing)."""
         with self.sim_clock.call():
             def timed(parts: list[Any]) -> tuple[Any, float]:
                 self.hub.sync()
@@ -359,8 +359,9 @@ class InProcessCommunicator(Communicator):
                 return result, time.perf_counter() - started
 
             result, seconds = self._collective("compute_together", part, timed).result
-            self.sim_clock.now += seconds / self.world_size
-            self._computed_together = True
+            if on_clock:
+                self.sim_clock.now += seconds / self.world_size
+                self._computed_together = True
         return result
 
     def replica_std(self, tensor: torch.Tensor) -> float:
