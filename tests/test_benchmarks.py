@@ -195,8 +195,14 @@ def test_swarm_flood_benchmark_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["swarm_flood.py", "--rounds", "2", "--round-length", "2", "--sybils", "3",
                                       "--message-bytes", "20000", "--alice-bytes", "5000",
                                       "--dht-round-bytes", "1000000", "--attackers", "1", "--attacker-bytes", "30000",
-                                      "--out", str(out)])
+                                      "--attacker-nice", "19", "--out", str(out)])
+    import os
+
+    reniced, setpriority = [], os.setpriority
+    monkeypatch.setattr(os, "setpriority", lambda which, pid, value: (reniced.append((pid, value)),
+                                                                      setpriority(which, pid, value)))
     flood.main()
+    assert reniced and {value for _, value in reniced} == {19}  # the attacker's and the Sybils' DHT process trees
     result = json.loads(out.read_text())
     assert result["rounds"] == 2 and len(result["per_round"]) == 2
     assert 0 < result["read_seconds_mean"] <= result["read_seconds_max"] and result["settings"]["attackers"] == 1
