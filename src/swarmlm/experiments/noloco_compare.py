@@ -44,6 +44,12 @@ The simulated wall-clock (see :mod:`swarmlm.noloco.comm.link_model`) is compute 
 
 Evaluation and the model-std measurement are not part of any method, and are not on the clock.
 
+**How the study runs fast.** ``--jobs`` runs train at once, each in a process of its own (by default one per
+``--threads`` CPU cores, so 2 on a 2-core machine; 1 on a GPU or with ``--compute measured``, whose times want
+the cores to themselves); the calibrated clock does not depend on it (the calibration runs alone first). Within
+an in-process run, the M replicas' forward and backward passes are one vectorised call
+(``--stack-replicas auto``, :mod:`swarmlm.noloco.stacked_step`).
+
 ``noloco-pp2`` (opt-in: ``--methods ...,noloco-pp2``) is NoLoCo with the model cut into S = 2 pipeline
 stages and random routing (:mod:`swarmlm.noloco.pipeline.schedule`): M × 2 processes. Its curves come from
 stage 0 of each replica (which logs the replica's own loss and validation loss). On the calibrated clock,
@@ -59,8 +65,8 @@ import logging
 import math
 import statistics
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np

@@ -495,20 +495,35 @@ class HivemindTransport(RolloutTransport):
 
     def _poll(self, dht, peers: list[str], rounds: range, round: int, deadline: float, heard: set[str],
               budget: list[int]) -> list[Received]:
-        """One read: the digests of the wanted keys, then the messages whose digest is new (:meth:`_fetch`)."""
+        """One read: every peer's current round first, then the other rounds (:meth:`_read`), so that lookups of
+        other rounds never hold up an honest peer's current message."""
         # a past round's message is read until it has been read once after that round ended and a message of a
         # later round from the same peer has been seen: a peer that takes several steps within a round republishes
         # its message at each, and its last step of a round, begun within it, publishes after the round has ended,
         # but before its first step of a later round publishes
         wanted = [(r, p) for p in peers for r in rounds
                   if r >= round or self._read_in.get((r, p), r) <= r or self._live.get(p, r) <= r]
-        if not wanted:
-            return []
         position = {p: i for i, p in enumerate(peers)}
-        # looked up in this order (16 at a time): every peer's current round first, so that lookups of other rounds
-        # never hold up an honest peer's current one
-        wanted.sort(key=lambda rp: (rp[0] > round, abs(rp[0] - round), position[rp[1]]))
-        digests = self._lookup(dht, {digest_key(self.run, r, p): (r, p) for r, p in wanted}, deadline, latest=True)
+        out: list[Received] = []
+        for part in ([rp for rp in wanted if rp[0] == round], [rp for rp in wanted if rp[0] != round]):
+            if part:
+                out += self._read(dht, part, position, round, deadline, heard, budget)
+        return out
+
+    def _read(self, dht, wanted: list[tuple[int, str]], position: dict[str, int], round: int, deadline: float,
+              heard: set[str], budget: list[int]) -> list[Received]:
+        """The digests of the ``wanted`` (round, peer) keys, then the messages whose digest is new (:meth:`_fetch`).
+        A digest of the current or a later round is taken from the first copy found (this peer's own when it keeps
+        the key: a peer's every store of its digest reaches the peers near the key, so no slower lookup is needed to
+        follow it within the round); a past round's from every peer near the key, the newest, since the read after
+        a round has ended must see the round's last message."""
+        # looked up in this order (16 at a time): the current round, then older rounds nearest first, then later ones
+        wanted = sorted(wanted, key=lambda rp: (rp[0] > round, abs(rp[0] - round), position[rp[1]]))
+        digests: dict[tuple[int, str], Any] = {}
+        for latest in (False, True):
+            keys = {digest_key(self.run, r, p): (r, p) for r, p in wanted if (r < round) == latest}
+            if keys:
+                digests.update(self._lookup(dht, keys, deadline, latest=latest))
         new: list[tuple[int, str, bytes, int]] = []
         for r, p in wanted:
             digest = digests.get((r, p))
