@@ -419,6 +419,7 @@ RESULTS: dict[str, Callable[[], str]] = {
         lambda: sapo_specialists_by_family("sapo_smollm2_specialists_own_baseline"),
     "sapo_experts_answer_likelihood_lr1e3": lambda: sapo_experts_answer_likelihood("sapo_experts_answer_likelihood_lr1e3"),
     "sapo_bf16_learning": lambda: precision_learning("sapo_bf16_learning"),
+    "sapo_bf16_decoding_learning": lambda: precision_learning("sapo_bf16_decoding_learning"),
     "noloco_compare_ppl": noloco_compare_ppl,
     "noloco_headline": noloco_headline,
 }
