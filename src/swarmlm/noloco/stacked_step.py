@@ -16,8 +16,9 @@ the two drift apart in the last bits, as two runs on different hardware do. The 
 eager attention, which vmap batches (PyTorch's fused CPU attention has no batching rule). Each replica's simulated
 clock is charged an equal share of the stacked training call (evaluation stays off the clock).
 
-``--stack-replicas auto`` (the default) stacks with the in-process backend whenever the replicas are whole models
-on one device; ``never`` keeps the step of one replica at a time.
+``--stack-replicas auto`` (the default) stacks every in-process run of more than one replica (a model that
+vmap cannot vectorise stops the run at its first step, saying to use ``never``); ``never`` keeps the step of one
+replica at a time.
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ class StackedWeights:
         total = torch.zeros(self.m, dtype=torch.float64)
         accum = ids.shape[1]
         for a in range(accum):
-            with autocast(device, bf16):
-                losses = self._losses(leaves, ids[:, a]) / accum
-            losses.sum().backward()
+            try:
+                with autocast(device, bf16):
+                    losses = self._losses(leaves, ids[:, a]) / accum
+                losses.sum().backward()
+            except (RuntimeError, NotImplementedError) as err:
+                raise RuntimeError(f"stacked replicas: the model could not be vectorised over its replicas "
+                                   f"({type(err).__name__}: {err}); run with --stack-replicas never") from err
             total += losses.detach().to(torch.float64).cpu()
         return total.tolist(), {name: leaf.grad for name, leaf in leaves.items()}
-
 
     @torch.no_grad()
     def validation(self, batches: list[list[torch.Tensor]], *, bf16: bool, device: torch.device
