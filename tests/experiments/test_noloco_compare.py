@@ -277,8 +277,12 @@ def test_every_training_option_reaches_compare():
         "faults": "fault injection is no part of a comparison", "resume": "compare reuses finished runs itself",
         "stop_after": "a run of a study is trained to its end", "pipeline": "noloco-pp2 takes the training defaults",
     }
+    from swarmlm.experiments.noloco_compare import SHARED_OPTIONS
+
     train, compare = TrainConfig.model_fields, CompareConfig.model_fields
     assert set(train) - set(compare) - set(set_per_run) - set(not_compared) == set()
+    for name in SHARED_OPTIONS:  # derived, not declared again: the training option's own type and constraints
+        assert compare[name].annotation == train[name].annotation and compare[name].metadata == train[name].metadata
     for name in set(train) & set(compare):
         section = train[name].annotation
         if isinstance(section, type) and hasattr(section, "model_fields"):

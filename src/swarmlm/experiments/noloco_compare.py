@@ -71,21 +71,17 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from swarmlm.config import ConfigError, StrictModel, dump_config, parse_list
 from swarmlm.experiments.plots import require_matplotlib
 from swarmlm.experiments.sim_clock import simulate_clock
 from swarmlm.noloco.comm.link_model import LinkModel
 from swarmlm.noloco.config import (
-    Backend,
-    DataSection,
-    ExchangeSection,
     InnerSection,
     NetworkSection,
-    NoLoCoSection,
     OuterSection,
-    Precision,
     TrainConfig,
 )
 
@@ -147,56 +143,67 @@ class CompareInnerSection(InnerSection):
     warmup_steps: int = Field(60, ge=0, description="linear warmup steps, then cosine decay to min_lr_ratio * lr")
 
 
-class CompareConfig(StrictModel):
+#: the options every run of the study takes from ``noloco train`` (:class:`TrainConfig`): its own fields, derived
+#: rather than declared again, with the study's default where it differs (and a description where the study reads
+#: the option differently); ``replicas``, ``inner``, ``outer`` and ``network`` are the study's own (a list of M,
+#: and sections derived from the training ones by subclassing)
+SHARED_OPTIONS: dict[str, dict[str, Any]] = {
+    "out": {"default": "runs/noloco-compare",
+            "description": "output directory (results.json, results.md, ppl-H*.png, ratio.png, std.png)"},
+    "backend": {"default": "in_process", "description": "in_process: each run's M replicas in one process, stepped in "
+                                                        "turn; auto, gloo, nccl: one process per replica"},
+    "model": {"default": "nano-llama", "description": "model preset, directory or hub id (the same for every method)"},
+    "steps": {"default": 1500, "description": "inner steps per replica (the same token budget for every method)"},
+    "seq_len": {"default": 32},
+    "batch_size": {"default": 4},
+    "grad_accum": {},
+    "eval_every": {"default": 100, "description": "validation every K steps (the perplexity curves' resolution)"},
+    "eval_batches": {"default": 24},
+    "checkpoint_every": {"default": 0, "description": "checkpoint every C steps, so that an interrupted run resumes "
+                                                      "(0: only at its end; an interrupted run then starts again)"},
+    "device": {"description": "auto, cpu, cuda or mps (in_process: the one device of every run)"},
+    "precision": {},
+    "threads": {"default": 1, "description": "torch threads of each in-process run and of the calibration (0 = "
+                                             "torch's default)"},
+    "stack_replicas": {},
+    "noloco": {"description": "NoLoCo's outer step (defaults: the NoLoCo paper's)"},
+    "data": {},
+    "exchange": {},
+    "progress": {"description": "progress bars"},
+}
+
+_SharedOptions = create_model(
+    "_SharedOptions", __base__=StrictModel, __module__=__name__,
+    **{name: (TrainConfig.model_fields[name].annotation, FieldInfo.merge_field_infos(TrainConfig.model_fields[name], **changes))
+       for name, changes in SHARED_OPTIONS.items()})
+
+
+class CompareConfig(_SharedOptions):
     """``swarmlm noloco compare``: the three methods (and both DiLoCo baselines), trained alike.
 
     The defaults are the study of docs/results/noloco-vs-diloco.md (M = 4, 8, 16; H = 20 and 50; 1500 steps, so 30 outer
     steps at H = 50) with its three comparisons (the reference's design, equal H, equal effective step) over 5 seeds:
     13 runs per (M, seed), about 4 to 5 hours on one CPU core with the in-process backend (the first four methods
-    over seeds 0-2 took about 90 minutes). It resumes from the runs that finished."""
+    over seeds 0-2 took about 90 minutes). It resumes from the runs that finished. The options it shares with
+    ``noloco train`` are that command's own (:data:`SHARED_OPTIONS`)."""
 
-    out: str = Field("runs/noloco-compare", description="output directory (results.json, results.md, ppl-H*.png, "
-                                                       "ratio.png, std.png)")
-    backend: Backend = Field("in_process", description="in_process: each run's M replicas in this process, stepped in "
-                                                       "turn; auto, gloo, nccl: one process per replica")
     replicas: list[int] = Field([4, 8, 16], description="M values to compare (e.g. 4,8,16)")
     methods: list[Variant] = Field(
         ["ddp", "diloco", "diloco-hb", "diloco-hb-2h", "noloco", "noloco-alpha0.3", "diloco-matched"],
         description="methods to train: ddp, diloco, diloco-hb, noloco, and the comparisons' diloco-hb-2h (DiLoCo at 2H, "
         "the reference's design), diloco-matched and noloco-alpha0.3 (equal effective outer step); noloco-pp2 opt-in")
     seeds: list[int] = Field([0, 1, 2, 3, 4], min_length=1, description="repeats of every run (the table gives the mean and its 95-percent confidence interval)")
-    model: str = Field("nano-llama", description="model preset, directory or hub id (the same for every method)")
-    steps: int = Field(1500, ge=1, description="inner steps per replica (the same token budget for every method)")
-    seq_len: int = Field(32, ge=8, description="tokens per training sequence")
-    batch_size: int = Field(4, ge=1, description="sequences per micro-batch per replica")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per inner step")
-    eval_every: int = Field(100, ge=0, description="validation every K steps (the perplexity curves' resolution)")
-    eval_batches: int = Field(24, ge=1, description="validation batches per evaluation (the same fixed batches every time)")
-    checkpoint_every: int = Field(0, ge=0, description="checkpoint every C steps, so that an interrupted run resumes "
-                                                       "(0: only at its end; an interrupted run then starts again)")
-    device: str = Field("auto", description="auto, cpu, cuda or mps (in_process: the one device of every run)")
-    precision: Precision = Field("auto", description="every run's precision: auto = bf16 autocast on GPUs that support "
-                                                     "it, float32 on CPU")
-    threads: int = Field(1, ge=0, description="torch threads of the in-process runs and of the calibration (0 = torch's "
-                                              "default)")
     jobs: int = Field(0, ge=0, description="runs trained at once, each in a process of its own (0 = one per `threads` "
                                            "CPU cores on a CPU, else 1; 1 = one after another in this process)")
-    stack_replicas: Literal["auto", "never"] = Field(
-        "auto", description="in_process runs: auto = one vectorised forward and backward for all M replicas; never = "
-                            "one replica at a time")
     log_every: int = Field(10, ge=1, description="a per-step metrics line every L steps (in_process runs; one process "
                                                  "per replica logs every step, for its measured clock)")
     inner: CompareInnerSection = Field(default_factory=CompareInnerSection)
     outer: CompareOuterSection = Field(default_factory=CompareOuterSection)
-    noloco: NoLoCoSection = Field(default_factory=NoLoCoSection, description="NoLoCo's outer step (defaults: the NoLoCo paper's)")
-    data: DataSection = Field(default_factory=DataSection)
-    exchange: ExchangeSection = Field(default_factory=ExchangeSection)
     network: CompareNetworkSection = Field(default_factory=CompareNetworkSection, description="the link of the simulated wall-clock")
     compute: Literal["calibrated", "measured"] = Field(
         "calibrated", description="compute time per inner step on the simulated clock: calibrated = one replica's CPU "
                                   "time per step measured here (the same for all); measured = each rank's wall time in its run")
     calibration_steps: int = Field(12, ge=2, description="inner steps timed for the calibration (the first is a warm-up)")
-    progress: bool = Field(True, description="progress bars")
 
     _lists = field_validator("replicas", "methods", "seeds", mode="before")(parse_list)
 
