@@ -26,7 +26,8 @@ class NodeHook:
 
     def phase(self, name: str) -> ContextManager:
         """Around one part of the round: ``generate`` (the own completions), ``publish``, ``collect`` (reading
-        the peers' messages, before the intake checks them) and ``update``."""
+        the peers' messages), ``intake`` (their records checked and tokenized), ``verify`` (their answers scored)
+        and ``update``."""
         return contextlib.nullcontext()
 
     def round_done(self, node: Any, outcome: Any) -> None:

@@ -260,9 +260,7 @@ class PeerIntake:
         self.seen_groups = BoundedMap(2 * remember_groups)
         self.authors = BoundedMap(remember_groups)  # digest -> the first sender a group was taken from
         self.seen_slots = BoundedMap(remember_groups)  # (sender, round, slot) -> digest of the record taken
-        self.last_seconds = 0.0  # time the last round's verification took
         self.last_received = 0  # records of the last round that had the right shape
-        self.last_intake_seconds = 0.0  # main-process time of the last round's intake before verification
 
     def remember_own(self, question: Provenance, texts: list[str], round: int = -1) -> None:
         """An own group (its question and published text): a peer that sends the same completions for the same
@@ -341,8 +339,9 @@ class PeerIntake:
                 pending = still
         return taken
 
-    def _candidates(self, messages: list[Received], round: int) -> list[_Candidate]:
-        """The round's records that passed every check a verifier is not needed for, each tokenized as trained.
+    def candidates(self, messages: list[Received], round: int) -> list[_Candidate]:
+        """The round's records that passed every check a verifier is not needed for, each tokenized as trained
+        (the first half of :meth:`accept`, all in this process).
         Everything before tokenization is linear in the bytes read; tokenization sees only records within the
         round's caps, each completion cut to ``max_chars`` characters first."""
         rounds = (round - self.staleness_rounds, round + self.future_rounds)
@@ -427,19 +426,20 @@ class PeerIntake:
 
     def accept(self, messages: list[Received], round: int,
                score: Callable[[list[str], list[float], list[int]], list[float]]) -> list[ScoredGroup]:
-        """The round's verified external groups. ``score(texts, task_scores, lengths)`` gives the training rewards
-        (``lengths``: each completion's token count as this node cut it, for a rule on completions at the limit)."""
-        started = time.monotonic()
-        candidates = self._candidates(messages, round)
-        self.last_intake_seconds = time.monotonic() - started
+        """The round's verified external groups: :meth:`candidates`, then :meth:`verify`. ``score(texts,
+        task_scores, lengths)`` gives the training rewards (``lengths``: each completion's token count as this node
+        cut it, for a rule on completions at the limit)."""
+        return self.verify(self.candidates(messages, round), round, score)
+
+    def verify(self, candidates: list[_Candidate], round: int,
+               score: Callable[[list[str], list[float], list[int]], list[float]]) -> list[ScoredGroup]:
+        """The ``candidates`` the verifier's workers score within ``tasks.verifier.round_seconds``, with their
+        training rewards (the second half of :meth:`accept`)."""
         if not candidates:
-            self.last_seconds = 0.0
             return []
-        started = time.monotonic()
         requests = [ScoreRequest(c.record.family, [extract_answer(t.text) for t in c.completions],
                                  provenance=c.record.provenance, question=c.record.question) for c in candidates]
-        results = self.verifier.score_many(requests, deadline=started + self.round_seconds)
-        self.last_seconds = time.monotonic() - started
+        results = self.verifier.score_many(requests, deadline=time.monotonic() + self.round_seconds)
         pool = []
         for c, res in zip(candidates, results):
             if not res.ok or res.item is None:

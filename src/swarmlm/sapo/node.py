@@ -303,11 +303,13 @@ class SAPONode:
         before = self.drops.total()  # the transport may count drops of its own while collecting
         with self._phase("collect"):
             messages = self.transport.collect(round, self.config.sharing.collect_timeout)
-        pool = self.intake.accept(messages, round, self._external_training_rewards)
+        with self._phase("intake"):
+            candidates = self.intake.candidates(messages, round)
+        with self._phase("verify"):
+            pool = self.intake.verify(candidates, round, self._external_training_rewards)
         info = {"peers_heard": len({m.sender for m in messages}), "records_accepted": len(pool),
                 "accepted_sources": dict(Counter(g.record.node_id for g in pool)),
-                "records_dropped": self.drops.total() - before,
-                "records_received": self.intake.last_received, "verify_seconds": self.intake.last_seconds}
+                "records_dropped": self.drops.total() - before, "records_received": self.intake.last_received}
         return pool, info
 
     def _external_advantages(self, own: OwnRollouts):
@@ -386,7 +388,7 @@ class SAPONode:
             pool, info = self.collect_external(round)
         else:
             pool, info = [], {"peers_heard": 0, "records_accepted": 0, "records_dropped": 0, "records_received": 0,
-                              "accepted_sources": {}, "verify_seconds": 0.0}
+                              "accepted_sources": {}}
         own_training_rewards = self._own_training_rewards(own)
         measured = self._external_advantages(own)
         chosen = select_external(pool, self.config.external, self.config.sharing.selection, self.rng, measured)

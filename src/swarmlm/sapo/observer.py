@@ -52,8 +52,8 @@ class NodeObserver(NodeHook):
         due = round == self.rounds or (self.eval_every > 0 and round % self.eval_every == 0)
         evaluation = node.evaluate() if due else {"eval_pass1": None}
         s = self._seconds
-        times = RoundTimes(generate=s["generate"], publish=s["publish"], collect=s["collect"], update=s["update"],
-                           round=time.perf_counter() - self._round_started)
+        times = RoundTimes(generate=s["generate"], publish=s["publish"], collect=s["collect"], intake=s["intake"],
+                           verify=s["verify"], update=s["update"], round=time.perf_counter() - self._round_started)
         self.last = round_record(outcome, evaluation, times)
         self.metrics.log(self.last)
 

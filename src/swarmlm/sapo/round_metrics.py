@@ -45,6 +45,8 @@ class RoundTimes:
     generate: float
     publish: float
     collect: float
+    intake: float  # the peers' records checked and tokenized, in this process
+    verify: float  # their answers scored by the verifier's workers
     update: float
     round: float
 
@@ -83,6 +85,8 @@ def round_record(outcome: RoundOutcome, evaluation: dict[str, Any], times: Round
         "zero_adv_groups": sum(map(is_zero_advantage, outcome.own_training_rewards)) / max(1, len(own.scores)),
         "by_family": family_stats(own, outcome.own_rewards, answered),
         "tokens_per_s": gen_tokens / times.generate if times.generate > 0 else None,
+        "intake_seconds": times.intake,
+        "verify_seconds": times.verify,
         "gen_seconds": times.generate,
         "train_seconds": times.update,
         "round_seconds": times.round,
