@@ -344,9 +344,9 @@ def _cells(table: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def noloco_compare_ppl() -> str:
+def noloco_compare_ppl(name: str = "noloco_compare") -> str:
     """Final validation perplexity per method, H and M, and NoLoCo's ratio to each DiLoCo (``noloco compare``)."""
-    table = _load("noloco_compare")["table"]
+    table = _load(name)["table"]
     lines = [
         "| H | M | " + " | ".join(label for _, label in NOLOCO_METHODS)
         + " | NoLoCo / DiLoCo (Nesterov) | NoLoCo / DiLoCo (heavy-ball) |",
@@ -360,6 +360,25 @@ def noloco_compare_ppl() -> str:
         ratios = [f"{cell['noloco'][f'ratio_to_{b}']['mean']:.3f} ± {cell['noloco'][f'ratio_to_{b}']['ci95']:.3f}"
                   for b in ("diloco", "diloco-hb")]
         lines.append(f"| {h} | {m} | " + " | ".join(ppl + ratios) + " |")
+    return "\n".join(lines)
+
+
+def noloco_comparisons() -> str:
+    """The study's comparisons (``comparisons`` in ``noloco compare``'s results): per H and M, each NoLoCo variant's
+    final perplexity over its DiLoCo variant's, mean ± 95% interval over the seeds, and NoLoCo's over Nesterov
+    DiLoCo's."""
+    results = _load("noloco_compare")
+    names = list(results.get("comparisons", {}))
+    lines = ["| H | M | " + " | ".join(names) + " | against Nesterov DiLoCo |", "|---|---|" + "---|" * (len(names) + 1)]
+
+    def cell(ratio: dict[str, Any] | None) -> str:
+        if not ratio:
+            return "—"
+        return f"{ratio['mean']:.3f}" + (f" ± {ratio['ci95']:.3f}" if ratio.get("ci95") is not None else "")
+
+    for h, m, row in _cells(results["table"]):
+        ratios = [cell(results["comparisons"][name][f"H{h}"][f"M{m}"]) for name in names]
+        lines.append(f"| {h} | {m} | " + " | ".join(ratios) + f" | {cell(row['noloco'].get('ratio_to_diloco'))} |")
     return "\n".join(lines)
 
 
@@ -421,7 +440,9 @@ RESULTS: dict[str, Callable[[], str]] = {
     "sapo_bf16_learning": lambda: precision_learning("sapo_bf16_learning"),
     "sapo_bf16_decoding_learning": lambda: precision_learning("sapo_bf16_decoding_learning"),
     "noloco_compare_ppl": noloco_compare_ppl,
+    "noloco_compare_ppl_3seeds": lambda: noloco_compare_ppl("noloco_compare_3seeds"),
     "noloco_headline": noloco_headline,
+    "noloco_comparisons": noloco_comparisons,
 }
 
 MARKER = re.compile(r"^<!-- results: ([a-z0-9_]+) -->$", re.MULTILINE)
