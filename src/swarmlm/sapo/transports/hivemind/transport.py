@@ -515,8 +515,9 @@ class HivemindTransport(RolloutTransport):
         """The digests of the ``wanted`` (round, peer) keys, then the messages whose digest is new (:meth:`_fetch`).
         A digest of the current or a later round is taken from the first copy found (this peer's own when it keeps
         the key: a peer's every store of its digest reaches the peers near the key, so no slower lookup is needed to
-        follow it within the round); a past round's from every peer near the key, the newest, since the read after
-        a round has ended must see the round's last message."""
+        follow it within the round; a copy that missed a republish within the round delays that message until the
+        round has ended); a past round's from every peer near the key, the newest, since the read after a round has
+        ended must see the round's last message."""
         # looked up in this order (16 at a time): the current round, then older rounds nearest first, then later ones
         wanted = sorted(wanted, key=lambda rp: (rp[0] > round, abs(rp[0] - round), position[rp[1]]))
         digests: dict[tuple[int, str], Any] = {}
