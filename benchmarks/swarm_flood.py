@@ -37,15 +37,12 @@ from swarmlm.sapo.transports.hivemind.clock import RoundClock  # noqa: E402
 from swarmlm.sapo.transports.hivemind.identity import load_identity  # noqa: E402
 from swarmlm.sapo.transports.hivemind.transport import HivemindTransport  # noqa: E402
 from swarmlm.tasks import TaskConfig  # noqa: E402
-from tests.sapo.swarm_hostile import HostilePeer, child_pids, process_tree_rss_mb  # noqa: E402
+from tests.sapo.swarm_hostile import HostilePeer, process_tree, process_tree_rss_mb  # noqa: E402
 
 
 def renice_tree(pid: int, niceness: int) -> None:
     """Give ``pid`` and every process under it the CPU priority ``niceness`` (19: the lowest)."""
-    frontier = [pid]
-    while frontier:
-        p = frontier.pop()
-        frontier += child_pids(p)
+    for p in process_tree(pid):
         try:
             os.setpriority(os.PRIO_PROCESS, p, niceness)
         except OSError:

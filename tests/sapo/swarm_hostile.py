@@ -332,12 +332,20 @@ def child_pids(parent: int) -> list[int]:
     return out
 
 
-def process_tree_rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and every process under it (a DHT process and its p2p daemon), in MB."""
-    total, frontier = 0, [pid]
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it (a DHT process and its p2p daemon)."""
+    tree, frontier = [], [pid]
     while frontier:
         p = frontier.pop()
+        tree.append(p)
         frontier += child_pids(p)
+    return tree
+
+
+def process_tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and every process under it (a DHT process and its p2p daemon), in MB."""
+    total = 0
+    for p in process_tree(pid):
         try:
             for line in (Path("/proc") / str(p) / "status").read_text().splitlines():
                 if line.startswith("VmRSS:"):

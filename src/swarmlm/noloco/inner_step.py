@@ -127,6 +127,14 @@ class DataParallelStep(InnerStep):
         return self.method != "ddp"  # DDP agrees on stopping through its gradient all-reduce
 
     def gradients(self, stop_flag: bool) -> tuple[float, bool]:
+        loss = self.local_gradients()
+        stop = stop_flag
+        if self.method == "ddp" and self.replica.world > 1:
+            stop = self.replica.all_reduce_gradients(stop_flag)
+        return loss, stop
+
+    def local_gradients(self) -> float:
+        """This replica's own gradients, left in ``.grad``, from its next ``grad_accum`` batches; returns its loss."""
         replica, config = self.replica, self.replica.config
         total = 0.0
         for _ in range(config.grad_accum):
@@ -135,7 +143,4 @@ class DataParallelStep(InnerStep):
                 loss = replica.model(input_ids=batch, labels=batch).loss / config.grad_accum
             loss.backward()
             total += float(loss.detach())
-        stop = stop_flag
-        if self.method == "ddp" and replica.world > 1:
-            stop = replica.all_reduce_gradients(stop_flag)
-        return total, stop
+        return total

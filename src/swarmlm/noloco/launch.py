@@ -124,9 +124,9 @@ def run_in_process(config: TrainConfig) -> tuple[dict[int, Any], bool]:
     device = resolve_device(config.device)
     link = LinkModel.from_config(config.network)
     hub = InProcessHub(m, link=link, timeout_s=config.exchange.timeout_s, device=device)
-    log.info("in-process backend: %d replicas of %s on %s, stepped in turn%s; simulated link %s", m, config.model, device,
-             ", forward and backward stacked" if config.stack_replicas == "auto" and m > 1 else "", link.describe())
     stacked = StackedWeights(m) if config.stack_replicas == "auto" and m > 1 else None
+    log.info("in-process backend: %d replicas of %s on %s, stepped in turn%s; simulated link %s", m, config.model, device,
+             ", forward and backward stacked" if stacked is not None else "", link.describe())
     threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)

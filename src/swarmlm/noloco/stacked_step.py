@@ -122,8 +122,8 @@ class StackedWeights:
 class StackedStep(DataParallelStep):
     """One replica's share of the stacked inner step (see the module docstring): it hands its batches in, the
     in-process communicator has the M replicas' step computed once (:meth:`StackedWeights.step`), and the replica
-    takes its own loss and gradients; validation is stacked the same way. DDP's gradient average and the stop check
-    are unchanged."""
+    takes its own loss and gradients (:meth:`local_gradients`); validation is stacked the same way. DDP's gradient
+    average and the stop check are the data-parallel step's own."""
 
     def __init__(self, method: str, weights: StackedWeights):
         super().__init__(method)
@@ -134,17 +134,14 @@ class StackedStep(DataParallelStep):
         super().attach(replica)
         self.params = self.weights.adopt(replica.rank, replica.model)
 
-    def gradients(self, stop_flag: bool) -> tuple[float, bool]:
+    def local_gradients(self) -> float:
         replica, config = self.replica, self.replica.config
         batches = torch.stack([replica.data.sampler.next_batch() for _ in range(config.grad_accum)])
         losses, grads = replica.comm.compute_together(
             batches, lambda parts: self.weights.step(parts, bf16=replica.bf16, device=replica.device))
         for name, p in self.params.items():
             p.grad = grads[name][replica.rank]
-        stop = stop_flag
-        if self.method == "ddp" and replica.world > 1:
-            stop = replica.all_reduce_gradients(stop_flag)
-        return losses[replica.rank], stop
+        return losses[replica.rank]
 
     def validation_loss(self) -> tuple[float, int]:
         replica = self.replica
