@@ -8,7 +8,8 @@ checkpoint. Pass@1 only counts a question once sampling lands on the answer; thi
 node towards answers it does not give yet.
 
     python benchmarks/answer_likelihood.py RUN_DIR [RUN_DIR ...] --out answer_likelihood.json
-    # RUN_DIR: one run of swarmlm sapo simulate or sapo experiment (its config.yaml, node-K/checkpoints/latest)
+    # RUN_DIR: one run of swarmlm sapo simulate or sapo experiment (its config.yaml, and node-K/final-model or
+    # node-K/checkpoints: sapo simulate keeps them with --final-checkpoint weights or resumable)
 """
 
 from __future__ import annotations
@@ -65,13 +66,23 @@ def _weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def _final_model(node_dir: Path) -> Path | None:
+    """A finished node's model: its ``final-model/`` (final_checkpoint: weights), else its newest checkpoint's."""
+    from swarmlm.runtime.checkpoints import latest_checkpoint
+    from swarmlm.sapo.node import FINAL_MODEL
+
+    if (node_dir / FINAL_MODEL / "config.json").is_file():
+        return node_dir / FINAL_MODEL
+    checkpoint = latest_checkpoint(node_dir / "checkpoints")
+    return checkpoint.model_dir if checkpoint else None
+
+
 def run_likelihoods(run_dir: Path, eval_size: int | None = None) -> dict[str, Any]:
     """Per node of the run: its families (what its warm start learned, or what it draws), and by family the mean
     answer log-probability under its initial model and under its last checkpoint."""
     import yaml
 
     from swarmlm.models import load_model
-    from swarmlm.runtime.checkpoints import latest_checkpoint
     from swarmlm.sapo.config import SimulateConfig
     from swarmlm.sapo.node import initial_model_paths
     from swarmlm.tasks import eval_questions
@@ -85,8 +96,7 @@ def run_likelihoods(run_dir: Path, eval_size: int | None = None) -> dict[str, An
         questions = eval_questions(tasks)
         style = node_config.generation.prompt_style
         figures = {}
-        checkpoint = latest_checkpoint(run_dir / f"node-{k}" / "checkpoints")
-        for when, path in (("start", initial), ("end", checkpoint.model_dir if checkpoint else None)):
+        for when, path in (("start", initial), ("end", _final_model(run_dir / f"node-{k}"))):
             if path is None:
                 continue
             key = (_weights_digest(Path(path)), tasks.model_dump_json(), style)

@@ -1,6 +1,7 @@
 """What a warm start leaves for RL: greedy pass@1, the sampled success rate and the share of groups with signal.
 
-    python benchmarks/warmstart_quality.py --steps 600                       # the default warm start (cached)
+    python benchmarks/warmstart_quality.py                                    # the default warm start (shipped)
+    python benchmarks/warmstart_quality.py --train                            # the same recipe, trained here
     python benchmarks/warmstart_quality.py --steps 1000 --preset easy
     python benchmarks/warmstart_quality.py --steps 500 --lr 3e-3 --schedule cosine --json results.jsonl
     python benchmarks/warmstart_quality.py --model runs/sapo/node-0/checkpoints/step-000100/model   # a trained node
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--out", default=None, help="where to write the warm start (default: the cache)")
+    parser.add_argument("--train", action="store_true", help="train the warm start on this machine even where "
+                        "swarmlm ships one of these settings (the default ones): does the recipe still give a model "
+                        "of the shipped one's quality here?")
     parser.add_argument("--json", default=None, help="append the report as one JSON line to this file")
     args = parser.parse_args(argv)
 
@@ -139,13 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     seconds = None
     if args.model is None:
         config = WarmstartConfig(tasks=tasks, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                 schedule=args.schedule, seed=args.seed, out=args.out)
+                                 schedule=args.schedule, seed=args.seed, out=args.out, train=args.train)
         started = time.time()
         path = warmstart(config, progress=sys.stderr.isatty())
         info = warmstart_info(path)
         seconds = info["seconds"] if time.time() - started > 0.5 * info["seconds"] else None  # trained by this call
         settings = {"preset": args.preset, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-                    "schedule": args.schedule, "seed": args.seed}
+                    "schedule": args.schedule, "seed": args.seed, "shipped": bool(info.get("shipped"))}
     else:
         path = Path(args.model)
     loaded = load_model(str(path))

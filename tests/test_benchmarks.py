@@ -289,6 +289,24 @@ def test_warmstart_quality_trains_and_reports(tmp_path):
     assert listed <= bad["count"] <= listed + (3 - len(bad["questions"]))
 
 
+def test_ship_warmstart_packs_and_records_quality(tmp_path, monkeypatch, capsys):
+    """``benchmarks/ship_warmstart.py`` on a 2-step warm start: packed in bfloat16 under the settings' key, with
+    the packed model's quality in its record, which is what ``warmstart`` then finds for those settings."""
+    from swarmlm.sapo import warmstart as ws
+
+    monkeypatch.setenv("SWARMLM_CACHE", str(tmp_path / "cache"))
+    trained = ws.warmstart(ws.WarmstartConfig(steps=2, batch_size=2, out=str(tmp_path / "trained")), progress=False)
+    ship = _load("ship_warmstart")
+    assert ship.main([str(trained), "--dest", str(tmp_path / "shipped"), "--eval-size", "6", "--groups", "2"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    monkeypatch.setattr(ws, "SHIPPED_DIR", tmp_path / "shipped")
+    packed = ws.shipped_warmstart(ws.WarmstartConfig(steps=2, batch_size=2))
+    assert packed is not None and printed["packed"] == str(packed) and printed["bytes"] > 0
+    quality = ws.warmstart_info(packed)["quality"]
+    assert quality["eval_size"] == 6 and quality["groups"] == 2 and 0 <= quality["greedy"] <= 1
+    assert quality["greedy"] == printed["greedy"] and quality["environment"]["cpu"]
+
+
 def test_answer_likelihood_of_a_finished_run(tmp_path, capsys):
     """benchmarks/answer_likelihood.py on a real 2-node run (one round, no warm start): every node's answer
     log-probability by family at the start and the end, the start equal to its initial model's own figure, and
@@ -302,7 +320,8 @@ def test_answer_likelihood_of_a_finished_run(tmp_path, capsys):
         out = tmp_path / "study" / "runs" / split / "seed-0"
         config = SimulateConfig(nodes=2, rounds=1, local=local, external=external, seed=0, out=str(out),
                                 model={"warmstart": "never", "device": "cpu"}, tasks={"eval_size": 6},
-                                node_families=["chain_sum", "products"], generation={"group_size": 2, "max_new_tokens": 4})
+                                node_families=["chain_sum", "products"], generation={"group_size": 2, "max_new_tokens": 4},
+                                final_checkpoint="weights" if split == "8-0" else "resumable")
         run_simulation(config, progress=False)
         runs[split] = out
     report = tmp_path / "likelihood.json"

@@ -104,7 +104,7 @@ def test_readme_headline_tables_are_the_results_files():
     """The README's tables are not typed in: each is exactly what the docs render from docs/results/*.json."""
     hooks = _hooks()
     text = README.read_text()
-    for name in ("sapo_default_run", "noloco_headline"):
+    for name in ("sapo_first_run", "noloco_headline"):
         assert hooks.RESULTS[name]() in text, f"README's {name} table differs from docs/results (render: {name})"
 
 

@@ -184,6 +184,16 @@ def _range(values: list[float]) -> str:
     return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
 
 
+def _sapo_run_cells(run: dict) -> tuple[str, str, str]:
+    """A default run's seed, each node's final pass@1, and its format rate: lowest round / lowest 10-round mean /
+    last round."""
+    seed = re.search(r"--seed (\d+)", run["command"])
+    nodes = list(run["nodes"].values())
+    fmt = (f"{min(n['min_format_rate_round'] for n in nodes):.2f} / {min(n['format_rate_min10'] for n in nodes):.2f}"
+           f" / {_range([n['final_format_rate'] for n in nodes])}")
+    return seed.group(1) if seed else "0", ", ".join(_f3(n["final_eval_pass1"]) for n in nodes), fmt
+
+
 def sapo_default_run(name: str = "sapo_default_run") -> str:
     """Per seed: mean held-out pass@1 at rounds 0, 50 and 100, the gain, each node at round 100, and the format."""
     data = _load(name)
@@ -193,14 +203,30 @@ def sapo_default_run(name: str = "sapo_default_run") -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for run in data["runs"]:
-        seed = re.search(r"--seed (\d+)", run["command"])
-        nodes = list(run["nodes"].values())
+        seed, finals, fmt = _sapo_run_cells(run)
         by_round = run["mean_eval_pass1_by_round"]
-        fmt = (f"{min(n['min_format_rate_round'] for n in nodes):.2f} / {min(n['format_rate_min10'] for n in nodes):.2f}"
-               f" / {_range([n['final_format_rate'] for n in nodes])}")
-        lines.append(
-            f"| {seed.group(1) if seed else 0} | {_f3(by_round['0'])} | {_f3(by_round['50'])} | {_f3(by_round['100'])} "
-            f"| {_signed(run['gain'])} | {', '.join(_f3(n['final_eval_pass1']) for n in nodes)} | {fmt} |")
+        lines.append(f"| {seed} | {_f3(by_round['0'])} | {_f3(by_round['50'])} | {_f3(by_round['100'])} "
+                     f"| {_signed(run['gain'])} | {finals} | {fmt} |")
+    return "\n".join(lines)
+
+
+def sapo_first_run(name: str = "sapo_first_run") -> str:
+    """The default run from the shipped warm start, per seed (benchmarks/first_run.py): mean held-out pass@1 at
+    every evaluated round, the gain, each node at the end, the format, and what it cost."""
+    data = _load(name)
+    rounds = sorted({int(r) for run in data["runs"] for r in run["mean_eval_pass1_by_round"]})
+    lines = [
+        "| `--seed` | " + " | ".join(f"mean pass@1, round {r}" if i == 0 else f"round {r}" for i, r in enumerate(rounds))
+        + " | gain | per node at the end | format rate, lowest round / lowest 10-round mean / last round "
+        "| seconds, start to end | written |",
+        "|---|" + "---|" * (len(rounds) + 5),
+    ]
+    for run in data["runs"]:
+        seed, finals, fmt = _sapo_run_cells(run)
+        by_round = run["mean_eval_pass1_by_round"]
+        cells = " | ".join(_f3(by_round[str(r)]) if str(r) in by_round else "—" for r in rounds)
+        lines.append(f"| {seed} | {cells} | {_signed(run['gain'])} | {finals} | {fmt} | {run['wall_seconds']:.0f} "
+                     f"| {run['bytes_written'] / 1e6:.1f} MB |")
     return "\n".join(lines)
 
 
@@ -413,6 +439,7 @@ def precision_learning(name: str) -> str:
 
 RESULTS: dict[str, Callable[[], str]] = {
     "sapo_default_run": sapo_default_run,
+    "sapo_first_run": sapo_first_run,
     "sapo_experiment": sapo_experiment,
     "sapo_experiment_amd_epyc": lambda: sapo_experiment("sapo_experiment_amd_epyc"),
     "sapo_specialists": sapo_specialists,

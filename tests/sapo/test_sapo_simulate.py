@@ -32,7 +32,18 @@ def swarmlm(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedP
                           text=True, timeout=timeout, env=os.environ.copy(), **kwargs)
 
 
-def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
+def check_kept(node: Path, rounds: int, kept: str) -> None:
+    """What a finished node keeps (final_checkpoint): its resumable checkpoint, its model alone, or neither."""
+    if kept == "resumable":
+        assert latest_checkpoint(node / "checkpoints").step == rounds
+        assert not (node / "finished.json").exists()
+        return
+    assert not (node / "checkpoints").exists()
+    assert json.loads((node / "finished.json").read_text()) == {"round": rounds, "final_checkpoint": kept}
+    assert (node / "final-model" / "model.safetensors").is_file() == (kept == "weights")
+
+
+def check_run(out: Path, nodes: int, rounds: int, eval_every: int, kept: str = "none") -> dict:
     summary = json.loads((out / "summary.json").read_text())
     total = 0.0
     for k in range(nodes):
@@ -54,7 +65,7 @@ def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
             for key in ("reward", "format_rate", "truncated_rate"):
                 assert sum(f["groups"] * f[key] for f in fam.values()) / 2 == pytest.approx(r[key if key != "reward" else "reward_own"])
         assert any(f.name.startswith("events") for f in (node / "tensorboard").iterdir())
-        assert latest_checkpoint(node / "checkpoints").step == rounds
+        check_kept(node, rounds, kept)
         cum = summary["nodes"][f"node-{k}"]["cumulative_reward_own"]
         assert cum == pytest.approx(sum(r["reward_own"] for r in rows))
         total += cum
@@ -70,15 +81,30 @@ def check_run(out: Path, nodes: int, rounds: int, eval_every: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", ["in_process", "torch"])
-def test_simulate_two_nodes_share_and_log(tmp_path, transport):
+@pytest.mark.parametrize("transport, kept", [("in_process", "none"), ("torch", "weights")])
+def test_simulate_two_nodes_share_and_log(tmp_path, transport, kept):
     out = tmp_path / "run"
-    res = swarmlm("sapo", "simulate", "--nodes", "2", "--rounds", "3", "--eval-every", "2", "--transport", transport,
-                  "--out", str(out), *SMALL)
+    args = ["sapo", "simulate", "--nodes", "2", "--eval-every", "2", "--transport", transport, "--out", str(out), *SMALL]
+    if kept != "none":  # the default of sapo simulate
+        args += ["--final-checkpoint", kept]
+    res = swarmlm(*args, "--rounds", "3")
     assert res.returncode == 0, res.stderr[-3000:]
-    check_run(out, nodes=2, rounds=3, eval_every=2)
+    check_run(out, nodes=2, rounds=3, eval_every=2, kept=kept)
     assert f"machine: {cpu_model()}, torch " in res.stdout and "warm start: final loss " in res.stdout
     assert "| node-1 |" in res.stdout and "records: 12 accepted, 0 dropped\n" in res.stdout  # 2 nodes x 2 groups x 3 rounds
+    assert ("final weights not kept" if kept == "none" else f"final weights: {out}/node-*/final-model") in res.stdout
+    if kept == "weights":  # the kept model loads as a model directory
+        from swarmlm.models import load_model
+
+        assert load_model(str(out / "node-0" / "final-model")).model.config.model_type == "qwen2"
+        return
+    # the same command again finds the run complete and plays nothing; asking it for more rounds is an error
+    metrics = (out / "node-0" / "metrics.jsonl").read_text()
+    again = swarmlm(*args, "--rounds", "3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "node-0" / "metrics.jsonl").read_text() == metrics
+    more = swarmlm(*args, "--rounds", "5")
+    assert more.returncode == 2 and "rounds: " in more.stderr and "kept no checkpoint" in more.stderr, more.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -116,13 +142,14 @@ def test_simulate_heterogeneous_nodes_begin_from_their_own_models(tmp_path, tran
     architectures share rollouts as text."""
     out = tmp_path / "run"
     res = swarmlm("sapo", "simulate", "--nodes", "3", "--rounds", "2", "--eval-every", "2", "--transport", transport,
-                  "--node-models", "[tiny-qwen2, tiny-llama]", "--model.warmstart", "never", "--out", str(out), *SMALL)
+                  "--node-models", "[tiny-qwen2, tiny-llama]", "--model.warmstart", "never", "--final-checkpoint", "weights",
+                  "--out", str(out), *SMALL)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["initial_models"] == {m: {"initial_model": m, "warmstart": None} for m in ("tiny-qwen2", "tiny-llama")}
     assert "initial_model" not in summary and summary["environment"]["cpu"] == cpu_model()
     for k, model_type in enumerate(("qwen2", "llama", "qwen2")):
-        config = out / f"node-{k}" / "checkpoints" / "step-000002" / "model" / "config.json"
+        config = out / f"node-{k}" / "final-model" / "config.json"
         assert json.loads(config.read_text())["model_type"] == model_type
         rows = read_jsonl(out / f"node-{k}" / "metrics.jsonl")
         assert [r["records_accepted"] for r in rows[1:]] == [4, 4]  # both others' 2 groups, every round
@@ -135,7 +162,7 @@ def _bytes(path: Path) -> int:
 
 @pytest.mark.slow
 def test_simulate_output_is_the_newest_checkpoint_per_node_and_a_few_kib_a_round(tmp_path):
-    """What docs/guides/sapo-one-machine.md ("What a run writes") states, with the default retention: a checkpoint
+    """What docs/guides/sapo-one-machine.md ("What a run writes") states, with resumable final checkpoints: a checkpoint
     every round, yet each node keeps only its newest one, which is the model and its Adam state in float32 (at most
     12 bytes a parameter, plus tokenizer, RNG and state files); besides it a node writes a few KiB a round."""
     from swarmlm.models import build_preset
@@ -143,7 +170,8 @@ def test_simulate_output_is_the_newest_checkpoint_per_node_and_a_few_kib_a_round
     out = tmp_path / "run"
     nodes, rounds = 2, 4
     res = swarmlm("sapo", "simulate", "--nodes", str(nodes), "--rounds", str(rounds), "--checkpoint-every", "1",
-                  "--eval-every", "2", "--model.warmstart", "never", "--out", str(out), *SMALL)
+                  "--eval-every", "2", "--model.warmstart", "never", "--final-checkpoint", "resumable", "--out", str(out),
+                  *SMALL)
     assert res.returncode == 0, res.stderr[-3000:]
     params = sum(p.numel() for p in build_preset("tiny-qwen2", seed=0).model.parameters())
     checkpoint_bound = 12 * params + 128 * 1024

@@ -57,7 +57,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _save_model(model: torch.nn.Module, path: Path) -> None:
+def save_model(model: torch.nn.Module, path: Path) -> None:
     """``save_pretrained`` on every rank. Transformers >= 5 writes nothing on ranks other than 0 once
     torch.distributed is initialised, but here each rank checkpoints its own model (NoLoCo replicas,
     SAPO nodes), so that check is lifted for this call."""
@@ -79,6 +79,11 @@ def _remove(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
     os.replace(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_checkpoints(directory: str | Path) -> None:
+    """Delete every checkpoint under ``directory`` (the directory itself), renamed away first like any removal."""
+    _remove(Path(directory))
 
 
 _STEP_DIR = re.compile(r"(?:\.old-)?step-(\d+)")
@@ -164,7 +169,7 @@ def save_checkpoint(directory: str | Path, step: int, *, model: torch.nn.Module 
     tmp = directory / f".tmp-step-{step:06d}"
     tmp.mkdir()
     if model is not None:
-        _save_model(model, tmp / "model")
+        save_model(model, tmp / "model")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     if optimizer is not None:

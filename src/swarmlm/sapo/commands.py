@@ -24,7 +24,17 @@ def simulate_command(config: SimulateConfig) -> int:
             print(sharing_line(summary))
         print(provenance_line(summary))
         print(f"\nmetrics: {config.out}/node-*/metrics.jsonl, summary: {config.out}/summary.json")
+        print(kept_line(config.out, config.final_checkpoint if summary.get("completed", True) else "resumable"))
     return 0 if summary.get("completed", True) else 130
+
+
+def kept_line(out: str, final_checkpoint: str) -> str:
+    """Where the nodes' models are after the run, and how to keep more."""
+    return {"resumable": f"checkpoints: {out}/node-*/checkpoints (model and Adam state; the same command with a "
+                         "larger --rounds continues the run)",
+            "weights": f"final weights: {out}/node-*/final-model (load one with --model.name DIR)",
+            "none": "final weights not kept: --final-checkpoint weights keeps them, "
+                    "resumable also the Adam state"}[final_checkpoint]
 
 
 def node_command(config: SwarmNodeConfig) -> int:

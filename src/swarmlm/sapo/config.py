@@ -16,13 +16,16 @@ class ModelSection(NamedSection):
     name: str = Field("tiny-qwen2", description="preset name, local directory, .gguf file or Hugging Face hub id")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
-    warmstart: Literal["auto", "always", "never"] = Field(
+    warmstart: Literal["auto", "always", "train", "never"] = Field(
         "auto", description="supervised format warm start before RL. auto: a built-in preset gets its warm start "
-        "(warmstart_* below); any other model is probed (sampled completions of training questions in the node's "
-        "prompt) and, when under 0.95 of them hold <answer>…</answer>, gets the format warm-up (format_warmup_* "
-        "below); both cached. always: the same as auto. never: the model as it is")
+        "(warmstart_* below): the one shipped with swarmlm for the default settings, else trained here; any other "
+        "model is probed (sampled completions of training questions in the node's prompt) and, when under 0.95 of "
+        "them hold <answer>…</answer>, gets the format warm-up (format_warmup_* below); both cached. always: the "
+        "same as auto. train: as auto, but a preset's warm start is trained on this machine even where one is "
+        "shipped. never: the model as it is")
     warmstart_steps: int = Field(600, ge=0, description="optimizer steps of the warm start")
-    warmstart_seed: int = Field(0, ge=0, description="seed of the warm start (shared by all nodes and run seeds)")
+    warmstart_seed: int = Field(1, ge=0, description="seed of the warm start (shared by all nodes and run seeds; 1, "
+                                "whose warm start ships with swarmlm)")
     warmstart_schedule: Literal["constant", "cosine"] = Field(
         "constant", description="the warm start's learning rate after its warm-up: constant, or a cosine decay to a tenth")
     warmstart_families: list[str] = Field(default_factory=list, description=(
@@ -118,6 +121,13 @@ class GRPOSection(StrictModel):
         "that contains the answer, which a weak policy is rewarded for more often than for correct answers")
 
 
+FinalCheckpoint = Literal["resumable", "weights", "none"]
+FINAL_CHECKPOINT_HELP = (
+    "what a node keeps once every round is done: resumable = its last checkpoint (model and Adam state: a larger "
+    "--rounds continues it); weights = the model only (safetensors, NODE_DIR/final-model); none = its metrics only. "
+    "Until then, and after Ctrl+C or a crash, it keeps its newest resumable checkpoint whatever this says")
+
+
 class SharingSection(StrictModel):
     selection: SelectionPolicy = Field("uniform", description="how J external groups are chosen")
     collect_timeout: float = Field(30.0, ge=0, description="seconds to wait for other nodes' records")
@@ -134,6 +144,7 @@ class SAPOSettings(StrictModel):
     keep_checkpoints: int = Field(1, ge=0, description=(
         "checkpoints kept per node, the newest (0 = all). An older one is deleted only once the next is complete, "
         "and a node resumes from its newest, so 1 loses nothing; each holds the model and its Adam state"))
+    final_checkpoint: FinalCheckpoint = Field("resumable", description=FINAL_CHECKPOINT_HELP)
     out: str = Field("runs/sapo", description="output directory")
     model: ModelSection = Field(default_factory=ModelSection)
     generation: GenerationSection = Field(default_factory=GenerationSection)
@@ -237,6 +248,11 @@ class SimulateConfig(NodeModels, SAPOConfig):
     """``swarmlm sapo simulate``: N nodes on this machine."""
 
     nodes: int = Field(4, ge=1, description="number of nodes")
+    # the defaults are a first run: about 4 minutes on 2 CPU cores, and under 1 MB written (4 nodes' resumable
+    # checkpoints of the 3M-parameter default would be 144 MB)
+    rounds: int = Field(30, ge=1, description="rounds to train")
+    eval_every: int = Field(15, ge=0, description="held-out pass@1 every E rounds (0 = only at the end)")
+    final_checkpoint: FinalCheckpoint = Field("none", description=FINAL_CHECKPOINT_HELP)
     transport: Literal["in_process", "torch"] = Field(
         "in_process", description="in_process = all nodes in this process; torch = one process per node over torch.distributed")
 

@@ -18,6 +18,7 @@ measurements :class:`~swarmlm.sapo.observer.NodeObserver`'s.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -29,8 +30,9 @@ from typing import Any
 
 import torch
 
+from swarmlm.config import ConfigError
 from swarmlm.models import PRESETS, load_model
-from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state, save_checkpoint
+from swarmlm.runtime.checkpoints import latest_checkpoint, load_optimizer_state, remove_checkpoints, save_checkpoint, save_model
 from swarmlm.runtime.devices import DTYPES, resolve_device
 from swarmlm.sapo.batching import TrainSample, with_eos
 from swarmlm.sapo.config import SAPOConfig
@@ -110,7 +112,7 @@ def initial_model_path(config: SAPOConfig, progress: bool = True) -> str:
             max_new_tokens=g.max_new_tokens, temperature=g.temperature, max_steps=m.format_warmup_steps,
             lr=m.format_warmup_lr, seed=m.warmstart_seed, device=m.device), progress=progress)
     ws = WarmstartConfig(model=m.name, tasks=tasks, steps=m.warmstart_steps, seed=m.warmstart_seed,
-                         schedule=m.warmstart_schedule)
+                         schedule=m.warmstart_schedule, train=m.warmstart == "train")
     return str(warmstart(ws, progress=progress))
 
 
@@ -123,6 +125,27 @@ def initial_model_paths(configs: list[SAPOConfig], progress: bool = True) -> lis
         if key not in done:
             done[key] = initial_model_path(c, progress=progress)
     return [done[c.model.model_dump_json()] for c in configs]
+
+
+FINISHED = "finished.json"  # a finished node's last round, where its checkpoints were not kept
+FINAL_MODEL = "final-model"  # a finished node's weights (final_checkpoint: weights)
+
+
+def finished_round(out_dir: Path, config: SAPOConfig) -> int | None:
+    """The last round of the finished run in ``out_dir`` that kept no checkpoint, or None. A config asking for more
+    rounds than it played cannot continue it: that is an error naming the field."""
+    try:
+        done = json.loads((out_dir / FINISHED).read_text())
+    except (OSError, ValueError):
+        return None
+    round = done.get("round") if isinstance(done, dict) else None
+    if not isinstance(round, int):
+        return None
+    if config.rounds > round:
+        raise ConfigError(f"rounds: {out_dir} holds a run finished at round {round} that kept no checkpoint "
+                         f"(final_checkpoint: {done.get('final_checkpoint')}), so it cannot continue to round "
+                         f"{config.rounds}; give another --out, or --final-checkpoint resumable next time")
+    return round
 
 
 def node_seed(base_seed: int, node_index: int) -> int:
@@ -150,6 +173,7 @@ class SAPONode:
         self.device = resolve_device(config.model.device)
         self.seed = node_seed(config.seed, node_index)
         checkpoint = latest_checkpoint(self.ckpt_dir) if resume else None
+        finished = finished_round(self.out_dir, config) if resume and checkpoint is None else None
         source = str(checkpoint.model_dir) if checkpoint else initial_model
         loaded = load_model(source, seed=self.seed, dtype=DTYPES[config.model.dtype])
         self.model = loaded.model.to(self.device)
@@ -184,6 +208,9 @@ class SAPONode:
             self.rng.setstate((st["rng"][0], tuple(st["rng"][1]), st["rng"][2]))
             self.drops.counts.update(st.get("drops", {}))
             log.info("%s resumed from %s (round %d)", self.node_id, checkpoint.path, self.round)
+        elif finished is not None:
+            self.round = finished  # a finished run, kept without its checkpoints: nothing left to play
+        self._finished = finished is not None
         self.updater = GRPOUpdate(self.model, self.optimizer, config.grpo, self.tokenizer.pad_token_id, self.ref_model)
         # generates the rollouts; an engine holding its own copy of the weights (vLLM) is synced after each update
         self.engine: GenerationEngine = make_engine(config.generation, self.model, self.tokenizer)
@@ -418,6 +445,21 @@ class SAPONode:
                  "rng": self.rng.getstate(), "drops": dict(self.drops.counts)}
         return save_checkpoint(self.ckpt_dir, self.round, model=self.model, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, state=state, keep=self.config.keep_checkpoints)
+
+    def finish(self) -> None:
+        """Once every round is done: keep what ``config.final_checkpoint`` says (the resumable checkpoint, the model
+        alone in ``final-model/``, or neither) and, without the checkpoint, note the last round in ``finished.json``
+        so that the same command later finds the run complete."""
+        mode = self.config.final_checkpoint
+        if mode == "resumable" or self._finished:
+            return
+        self._finished = True
+        if mode == "weights":
+            target = self.out_dir / FINAL_MODEL
+            save_model(self.model, target)  # on every rank, as a checkpoint is
+            self.tokenizer.save_pretrained(target)
+        (self.out_dir / FINISHED).write_text(json.dumps({"round": self.round, "final_checkpoint": mode}))
+        remove_checkpoints(self.ckpt_dir)
 
     def close(self) -> None:
         for hook in self.hooks:

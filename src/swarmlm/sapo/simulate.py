@@ -55,6 +55,9 @@ def _run_in_process(config: SimulateConfig, initials: list[str], progress: bool)
                         n.checkpoint()
                     completed = False
                     break
+        if completed:
+            for n in nodes:
+                n.finish()
     finally:
         for n in nodes:
             n.close()
@@ -83,6 +86,7 @@ def torch_worker(config_json: str, initials: list[str]) -> int:
             record = node.run_round(t)
             bar.set_postfix(reward=f"{record['reward_own']:.3f}")
         dist.barrier()  # every node has written its last metrics and checkpoint
+        node.finish()
     finally:
         node.close()
         destroy_process_group()

@@ -145,5 +145,5 @@ def provenance_line(summary: dict[str, Any]) -> str:
         trained_on = (ws.get("environment") or {}).get("cpu", "an unrecorded machine")
         loss = ws.get("final_loss")
         loss = f"final loss {loss:.4f}" if isinstance(loss, (int, float)) else "no final loss recorded"
-        line += f"; warm start: {loss}, trained on {trained_on}"
+        line += f"; warm start: {'shipped with swarmlm, ' if ws.get('shipped') else ''}{loss}, trained on {trained_on}"
     return line

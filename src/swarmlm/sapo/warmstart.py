@@ -8,6 +8,12 @@ A randomly initialised model never writes ``<answer>…</answer>``, so RL would 
 everywhere and learn nothing. A few hundred steps of supervised training on reasoning-gym questions
 with their answers give a small model the format and a low but non-zero reward, the situation of
 Qwen2.5-0.5B at the start of the SAPO paper. The result is cached on disk, keyed by its settings.
+
+Training in float32 does not give the same model on every processor (matrix kernels round differently, and a
+few hundred steps at a high rate amplify that), so swarmlm ships the warm start of the default settings
+(``shipped_warmstarts/``, bfloat16 weights): every machine starts the default run from the same model, and
+none spends the training time. ``train=True`` (``swarmlm warmstart --train true``, ``--model.warmstart train``)
+trains it here instead.
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ class WarmstartConfig(StrictModel):
                       "steps, then the schedule)")
     schedule: Literal["constant", "cosine"] = Field(
         "constant", description="after the warm-up: constant, or cosine decay to a tenth of the peak at the last step")
-    seed: int = Field(0, ge=0, description="seed of the preset's initial weights and of the question stream")
+    seed: int = Field(1, ge=0, description="seed of the preset's initial weights and of the question stream (1: "
+                      "the shipped warm start's)")
     out: str | None = Field(None, description="output directory (default: the cache)")
-
+    train: bool = Field(False, description="train on this machine even where swarmlm ships the warm start of these "
+                        "settings (the default ones); false: use the shipped one")
 
 
 def lr_factor(step: int, *, steps: int, schedule: str) -> float:
@@ -67,7 +75,7 @@ def warmstart_key(config: WarmstartConfig) -> str:
     # warm start learns; draw_families does when it is set (and is left out when empty, so that the keys of warm
     # starts made before it existed still hold).
     ignored = {"eval_size", "verifier", "allow_families"} | (set() if config.tasks.draw_families else {"draw_families"})
-    settings = config.model_dump(mode="json", exclude={"out": True, "tasks": ignored})
+    settings = config.model_dump(mode="json", exclude={"out": True, "train": True, "tasks": ignored})
     blob = json.dumps({"v": WARMSTART_VERSION, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -136,20 +144,79 @@ def warmstart_info(model_dir: str | Path) -> dict | None:
     return _read_json(Path(model_dir) / "warmstart.json")
 
 
+SHIPPED_DIR = Path(__file__).with_name("shipped_warmstarts")
+
+
+def shipped_warmstart(config: WarmstartConfig) -> Path | None:
+    """The warm start swarmlm ships for ``config``'s settings (``SHIPPED_DIR/<model>-<key>``), or None."""
+    path = SHIPPED_DIR / f"{config.model}-{warmstart_key(config)}"
+    return path if (path / "warmstart.json").is_file() else None
+
+
+def _unpack(shipped: Path, out_dir: Path) -> dict:
+    """Write the shipped warm start to ``out_dir`` in float32 (exact: bfloat16 widens without rounding), with its
+    ``warmstart.json`` marked ``shipped``."""
+    import torch
+
+    from swarmlm.models import load_model
+
+    loaded = load_model(str(shipped), dtype=torch.float32)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    loaded.model.save_pretrained(tmp, safe_serialization=True)
+    loaded.tokenizer.save_pretrained(tmp)
+    info = {**(_read_json(shipped / "warmstart.json") or {}), "shipped": True}
+    (tmp / "warmstart.json").write_text(json.dumps(info, indent=1))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return info
+
+
 def warmstart(config: WarmstartConfig, *, progress: bool = True) -> Path:
-    """The warm-started model directory for ``config``: from the cache, or trained now (once, under a lock)."""
+    """The warm-started model directory for ``config``: the shipped one for its settings (unpacked into the cache
+    once) unless ``config.train``, else from the cache, or trained now (once, under a lock)."""
     from swarmlm.models import PRESETS
 
     if config.model not in PRESETS:
         raise ValueError(f"warm start is for built-in presets ({', '.join(PRESETS)}), not '{config.model}'")
-    out_dir = Path(config.out) if config.out else cache_root() / "warmstart" / f"{config.model}-{warmstart_key(config)}"
+    shipped = None if config.train else shipped_warmstart(config)
+    # the shipped one has a cache entry of its own, so that a warm start trained here earlier never stands in for it
+    name = f"{config.model}-{warmstart_key(config)}" + ("-shipped" if shipped else "")
+    out_dir = Path(config.out) if config.out else cache_root() / "warmstart" / name
     with file_lock(out_dir.with_name(out_dir.name + ".lock")):
-        if (out_dir / "warmstart.json").exists():
+        info = _read_json(out_dir / "warmstart.json")
+        # an explicit --out holds whatever warm start was made there; the cache's entries are one kind each
+        if info is not None and (config.out or bool(info.get("shipped")) == bool(shipped)):
             log.info("warm start cached at %s", out_dir)
+            return out_dir
+        if shipped:
+            _unpack(shipped, out_dir)
+            log.info("warm start of %s: the one shipped with swarmlm -> %s", config.model, out_dir)
             return out_dir
         info = _train(config, out_dir, progress)
         log.info("warm start of %s done in %.0fs (final loss %.3f) -> %s", config.model, info["seconds"], info["final_loss"], out_dir)
     return out_dir
+
+
+def pack_warmstart(model_dir: str | Path, dest: Path = SHIPPED_DIR) -> Path:
+    """Store the warm start in ``model_dir`` (trained by :func:`warmstart`) for shipping: its weights in bfloat16,
+    its tokenizer and ``warmstart.json``, under ``dest/<model>-<key>``. What it ships is the rounded model: measure
+    that one."""
+    import torch
+
+    from swarmlm.models import load_model
+
+    info = _read_json(Path(model_dir) / "warmstart.json")
+    if info is None or "config" not in info:
+        raise ValueError(f"{model_dir} holds no warm start of a preset (no warmstart.json with its config)")
+    config = WarmstartConfig.model_validate({**info["config"], "out": None, "train": False})
+    target = dest / f"{config.model}-{warmstart_key(config)}"
+    loaded = load_model(str(model_dir), dtype=torch.bfloat16)
+    shutil.rmtree(target, ignore_errors=True)
+    loaded.model.save_pretrained(target, safe_serialization=True)
+    loaded.tokenizer.save_pretrained(target)
+    (target / "warmstart.json").write_text(json.dumps({**info, "config": config.model_dump(mode="json")}, indent=1))
+    return target
 
 
 # ---------------------------------------------------------------------------------------------------------------------

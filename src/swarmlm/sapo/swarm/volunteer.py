@@ -122,6 +122,8 @@ def run_volunteer(config: SwarmNodeConfig) -> dict[str, Any]:
                         node.checkpoint()
                         break
             completed = node.round >= config.rounds
+            if completed:
+                node.finish()
         finally:
             node.close()
     finally:
