@@ -389,6 +389,38 @@ def noloco_compare_ppl(name: str = "noloco_compare") -> str:
     return "\n".join(lines)
 
 
+def noloco_many_replicas(names: tuple[str, ...] = ("noloco_compare", "noloco_many_replicas_3seeds"), h: str = "50") -> str:
+    """NoLoCo against heavy-ball DiLoCo as M grows, at one H: perplexity (mean ± 95% interval over the seeds), the
+    ratio, the replicas' spread around NoLoCo's last outer step, and what each method's outer steps cost (modelled
+    communication per run, bytes each replica sent), from the default study and the many-replica one."""
+    lines = ["| M | seeds | NoLoCo ppl | DiLoCo heavy-ball ppl | ratio | NoLoCo / DiLoCo all-reduce at its effective "
+             "step | NoLoCo model std before / after its last outer step | simulated communication per run, NoLoCo / "
+             "DiLoCo | sent per rank, NoLoCo / DiLoCo |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(stat: dict[str, Any] | None) -> str:
+        if not stat:
+            return "—"
+        return f"{stat['mean']:.3f}" + (f" ± {stat['ci95']:.3f}" if stat.get("ci95") is not None else "")
+
+    def ppl(cell: dict[str, Any]) -> str:
+        ci = cell.get("final_val_ppl_ci95")
+        return f"{cell['final_val_ppl']:.2f}" + (f" ± {ci:.2f}" if ci is not None else "")
+
+    for name in names:
+        for h_key, m, cell in _cells(_load(name)["table"]):
+            if h_key != h or "noloco" not in cell or "diloco-hb" not in cell:
+                continue
+            n, d = cell["noloco"], cell["diloco-hb"]
+            lines.append(
+                f"| {m} | {len(n['final_val_ppl_seeds'])} | {ppl(n)} | {ppl(d)} | {ratio(n['ratio_to_diloco-hb'])} "
+                f"| {ratio(n.get('ratio_to_diloco-matched'))} "
+                f"| {n['last_model_std_before']:.4f} / {n['last_model_std_after']:.4f} "
+                f"| {n['sim_comm_s']['calibrated']:.1f} / {d['sim_comm_s']['calibrated']:.1f} s "
+                f"| {n['bytes_sent_per_rank'] / 1e6:.1f} / {d['bytes_sent_per_rank'] / 1e6:.1f} MB |")
+    return "\n".join(lines)
+
+
 def noloco_comparisons() -> str:
     """The study's comparisons (``comparisons`` in ``noloco compare``'s results): per H and M, each NoLoCo variant's
     final perplexity over its DiLoCo variant's, mean ± 95% interval over the seeds, and NoLoCo's over Nesterov
@@ -470,6 +502,7 @@ RESULTS: dict[str, Callable[[], str]] = {
     "noloco_compare_ppl_3seeds": lambda: noloco_compare_ppl("noloco_compare_3seeds"),
     "noloco_headline": noloco_headline,
     "noloco_comparisons": noloco_comparisons,
+    "noloco_many_replicas": noloco_many_replicas,
 }
 
 MARKER = re.compile(r"^<!-- results: ([a-z0-9_]+) -->$", re.MULTILINE)

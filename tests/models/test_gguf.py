@@ -100,7 +100,7 @@ def test_sapo_simulate_runs_smollm2_past_its_checkpoints_and_resumes(tmp_path):
     args = [sys.executable, "-m", "swarmlm", "--log-level", "INFO", "sapo", "simulate", "--model", "smollm2-135m",
             "--nodes", "1", "--local", "1", "--external", "0", "--generation.group-size", "2",
             "--generation.max-new-tokens", "4", "--tasks.eval-size", "2", "--eval-every", "0", "--checkpoint-every", "1",
-            "--out", str(out)]
+            "--final-checkpoint", "resumable", "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     first = subprocess.run([*args, "--rounds", "1"], capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
