@@ -389,7 +389,7 @@ def noloco_compare_ppl(name: str = "noloco_compare") -> str:
     return "\n".join(lines)
 
 
-def noloco_many_replicas(names: tuple[str, ...] = ("noloco_compare", "noloco_many_replicas_3seeds"), h: str = "50") -> str:
+def noloco_many_replicas(names: tuple[str, ...] = ("noloco_compare", "noloco_many_replicas"), h: str = "50") -> str:
     """NoLoCo against heavy-ball DiLoCo as M grows, at one H: perplexity (mean ± 95% interval over the seeds), the
     ratio, the replicas' spread around NoLoCo's last outer step, and what each method's outer steps cost (modelled
     communication per run, bytes each replica sent), from the default study and the many-replica one."""
