@@ -30,10 +30,6 @@ def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def node_figures(summary_node: dict, rows: list[dict]) -> dict:
     """One node's figures: its summary's, its pass@1 at every evaluated round and its format rate's low points."""
     rates = [r["format_rate"] for r in rows if r["round"] > 0 and r.get("format_rate") is not None]
@@ -61,8 +57,10 @@ def run_seed(seed: int, out: Path, threads: int, extra: list[str]) -> dict:
     seconds = round(time.time() - started, 1)
     if done.returncode != 0:
         raise SystemExit(f"seed {seed} failed (exit {done.returncode}); see {out / f'seed-{seed}.log'}")
+    from swarmlm.runtime.metrics import read_jsonl
+
     summary = json.loads((run_dir / "summary.json").read_text())
-    nodes = {name: node_figures(node, _rows(run_dir / name / "metrics.jsonl")) for name, node in summary["nodes"].items()}
+    nodes = {name: node_figures(node, read_jsonl(run_dir / name / "metrics.jsonl")) for name, node in summary["nodes"].items()}
     evaluated = sorted({int(r) for n in nodes.values() for r in n["eval_pass1"]})
     by_round = {str(r): round(sum(n["eval_pass1"][str(r)] for n in nodes.values()) / len(nodes), 4) for r in evaluated}
     result = {"command": f"OMP_NUM_THREADS={threads} swarmlm sapo simulate --seed {seed}" + "".join(f" {a}" for a in extra),

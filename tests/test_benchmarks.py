@@ -307,6 +307,29 @@ def test_ship_warmstart_packs_and_records_quality(tmp_path, monkeypatch, capsys)
     assert quality["greedy"] == printed["greedy"] and quality["environment"]["cpu"]
 
 
+def test_first_run_times_the_default_run_and_resumes(tmp_path, capsys):
+    """``benchmarks/first_run.py`` at tiny size (a 2-node, 2-round run): the figures of the run it started, from its
+    own summary and metrics, in the JSON; a second call reads the finished seed instead of running it again."""
+    first = _load("first_run")
+    small = ["--", "--nodes", "2", "--rounds", "2", "--eval-every", "1", "--local", "1", "--external", "1",
+             "--model.warmstart", "never", "--generation.group-size", "2", "--generation.max-new-tokens", "4",
+             "--tasks.eval-size", "4"]
+    out, report = tmp_path / "fr", tmp_path / "first_run.json"
+    assert first.main(["--seeds", "3", "--threads", "1", "--out", str(out), "--json", str(report), *small]) == 0
+    run = json.loads(report.read_text())["runs"][0]
+    assert run["command"] == "OMP_NUM_THREADS=1 swarmlm sapo simulate --seed 3 " + " ".join(small[1:])
+    assert set(run["mean_eval_pass1_by_round"]) == {"0", "1", "2"} and set(run["nodes"]) == {"node-0", "node-1"}
+    node = run["nodes"]["node-0"]
+    assert node["rounds"] == 2 and set(node["eval_pass1"]) == {"0", "1", "2"}
+    assert run["gain"] == pytest.approx(run["mean_final_eval_pass1"] - run["mean_first_eval_pass1"], abs=1e-4)
+    assert run["wall_seconds"] >= run["run_seconds"] > 0 and 0 < run["bytes_written"] < 2**20  # no checkpoint kept
+    assert not (out / "seed-3" / "node-0" / "checkpoints").exists()
+    capsys.readouterr()
+    (out / "seed-3.log").unlink()
+    assert first.main(["--seeds", "3", "--out", str(out), *small]) == 0  # read, not run again: no new log
+    assert not (out / "seed-3.log").exists() and "seed 3: " in capsys.readouterr().out
+
+
 def test_answer_likelihood_of_a_finished_run(tmp_path, capsys):
     """benchmarks/answer_likelihood.py on a real 2-node run (one round, no warm start): every node's answer
     log-probability by family at the start and the end, the start equal to its initial model's own figure, and

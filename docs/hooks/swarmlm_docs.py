@@ -398,11 +398,6 @@ def noloco_many_replicas(names: tuple[str, ...] = ("noloco_compare", "noloco_man
              "DiLoCo | sent per rank, NoLoCo / DiLoCo |",
              "|---|---|---|---|---|---|---|---|---|"]
 
-    def ratio(stat: dict[str, Any] | None) -> str:
-        if not stat:
-            return "—"
-        return f"{stat['mean']:.3f}" + (f" ± {stat['ci95']:.3f}" if stat.get("ci95") is not None else "")
-
     def ppl(cell: dict[str, Any]) -> str:
         ci = cell.get("final_val_ppl_ci95")
         return f"{cell['final_val_ppl']:.2f}" + (f" ± {ci:.2f}" if ci is not None else "")
@@ -413,8 +408,8 @@ def noloco_many_replicas(names: tuple[str, ...] = ("noloco_compare", "noloco_man
                 continue
             n, d = cell["noloco"], cell["diloco-hb"]
             lines.append(
-                f"| {m} | {len(n['final_val_ppl_seeds'])} | {ppl(n)} | {ppl(d)} | {ratio(n['ratio_to_diloco-hb'])} "
-                f"| {ratio(n.get('ratio_to_diloco-matched'))} "
+                f"| {m} | {len(n['final_val_ppl_seeds'])} | {ppl(n)} | {ppl(d)} | {_ci_cell(n['ratio_to_diloco-hb'])} "
+                f"| {_ci_cell(n.get('ratio_to_diloco-matched'))} "
                 f"| {n['last_model_std_before']:.4f} / {n['last_model_std_after']:.4f} "
                 f"| {n['sim_comm_s']['calibrated']:.1f} / {d['sim_comm_s']['calibrated']:.1f} s "
                 f"| {n['bytes_sent_per_rank'] / 1e6:.1f} / {d['bytes_sent_per_rank'] / 1e6:.1f} MB |")
@@ -429,14 +424,9 @@ def noloco_comparisons() -> str:
     names = list(results.get("comparisons", {}))
     lines = ["| H | M | " + " | ".join(names) + " | against Nesterov DiLoCo |", "|---|---|" + "---|" * (len(names) + 1)]
 
-    def cell(ratio: dict[str, Any] | None) -> str:
-        if not ratio:
-            return "—"
-        return f"{ratio['mean']:.3f}" + (f" ± {ratio['ci95']:.3f}" if ratio.get("ci95") is not None else "")
-
     for h, m, row in _cells(results["table"]):
-        ratios = [cell(results["comparisons"][name][f"H{h}"][f"M{m}"]) for name in names]
-        lines.append(f"| {h} | {m} | " + " | ".join(ratios) + f" | {cell(row['noloco'].get('ratio_to_diloco'))} |")
+        ratios = [_ci_cell(results["comparisons"][name][f"H{h}"][f"M{m}"]) for name in names]
+        lines.append(f"| {h} | {m} | " + " | ".join(ratios) + f" | {_ci_cell(row['noloco'].get('ratio_to_diloco'))} |")
     return "\n".join(lines)
 
 

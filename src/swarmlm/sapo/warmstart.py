@@ -117,17 +117,23 @@ def _train(config: WarmstartConfig, out_dir: Path, progress: bool) -> dict:
         opt.step()
         sched.step()
         loss_value = loss.item()
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
     # the processor is part of what a warm start is: float32 training does not give the same model on another one
     info = {"config": config.model_dump(mode="json"), "final_loss": loss_value, "seconds": round(time.time() - started, 1),
             "environment": describe_environment()}
+    _publish(out_dir, model, tok, info)
+    return info
+
+
+def _publish(out_dir: Path, model, tokenizer, info: dict) -> None:
+    """Write a warm start to ``out_dir`` (safetensors, tokenizer, ``warmstart.json``) through a temporary directory
+    renamed into place, so that a killed process never leaves a half-written entry that looks complete."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=1))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
-    return info
 
 
 def _read_json(path: Path) -> dict | None:
@@ -161,14 +167,8 @@ def _unpack(shipped: Path, out_dir: Path) -> dict:
     from swarmlm.models import load_model
 
     loaded = load_model(str(shipped), dtype=torch.float32)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    loaded.model.save_pretrained(tmp, safe_serialization=True)
-    loaded.tokenizer.save_pretrained(tmp)
     info = {**(_read_json(shipped / "warmstart.json") or {}), "shipped": True}
-    (tmp / "warmstart.json").write_text(json.dumps(info, indent=1))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+    _publish(out_dir, loaded.model, loaded.tokenizer, info)
     return info
 
 
